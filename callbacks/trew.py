@@ -1,0 +1,51 @@
+"""TREW reweighting as a callback: computes the class-similarity tilt once from the original model.
+
+Attach to any module that exposes ``original`` (the frozen model being unlearned, whose last layer is an
+``nn.Linear``), ``forget_class`` and a ``forget_logit_offset`` buffer, such as
+`lightning_modules.trew.ClassUnlearning` with ``method: trew``. At the start of fit it computes
+s = softmax_{j != f}(cos(PCA(W)_f, PCA(W)_j) / T) from the original final-layer weights W and stores
+``beta * s`` in the module, which then uses q ∝ p_original · exp(beta s) as the target on forget inputs.
+``beta = 0`` gives the "forget class removed and renormalised" ablation. See the module docstring of
+`lightning_modules/trew.py` for the paper and for what is reconstructed.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+from lightning_modules.classifier import final_linear
+from lightning_modules.errors import UserInputError, check_range
+from lightning_modules.trew import class_similarity
+
+log = logging.getLogger(__name__)
+
+
+class TREWReweighting(Callback):
+    """Args:
+        beta: tilt strength (paper default 10; choose on validation, see the README).
+        temperature: softmax temperature T of the class similarity (small = sharp).
+        pca_dim: number of principal directions of the weight rows kept (None: K - 1).
+    """
+
+    def __init__(self, beta: float = 10.0, temperature: float = 0.1, pca_dim: int | None = None) -> None:
+        check_range("TREWReweighting.beta", beta, 0.0)
+        check_range("TREWReweighting.temperature", temperature, 0.0, low_inclusive=False)
+        if pca_dim is not None:
+            check_range("TREWReweighting.pca_dim", pca_dim, 1)
+        self.beta, self.temperature, self.pca_dim = beta, temperature, pca_dim
+        self.similarity: torch.Tensor | None = None
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not all(hasattr(pl_module, name) for name in ("original", "forget_class", "forget_logit_offset")):
+            raise UserInputError(f"TREWReweighting attaches to an unlearning module with a frozen `original` "
+                                 f"model (ClassUnlearning with method: trew); got {type(pl_module).__name__} "
+                                 "without one. Remove the callback or set model.init_args.method: trew.")
+        weight = final_linear(pl_module.original).weight.detach()
+        self.similarity = class_similarity(weight, pl_module.forget_class, self.temperature, self.pca_dim)
+        pl_module.forget_logit_offset.copy_(self.beta * self.similarity.to(pl_module.forget_logit_offset))
+        top = self.similarity.topk(3)
+        log.info("TREW: forget class %d is most similar to classes %s (s = %s), beta = %g",
+                 pl_module.forget_class, top.indices.tolist(), [round(v, 3) for v in top.values.tolist()],
+                 self.beta)

@@ -1,0 +1,1 @@
+"""Reproductions of each paper's central claim at small scale: `python -m experiments.<paper>`."""

@@ -1,0 +1,147 @@
+"""Plumbing shared by every paper module: injected optimisers and fine-tuning from a checkpoint.
+
+Two ways to start from a checkpoint, and they mean different things:
+
+* ``--ckpt_path run.ckpt`` (Lightning) is an *exact resume*: model weights, optimiser state, epoch and
+  callback state are restored, and the checkpoint's saved hyper-parameters win over the YAML.
+* ``--model.init_args.init_from run.ckpt`` (this module) is *fine-tuning with a new config*: only the
+  weights whose name and shape match the new model are copied, in ``setup("fit")``; everything else
+  (optimiser, schedule, epoch counter, hyper-parameters) comes from the new config. What was skipped is
+  logged, and nothing is skipped silently: a checkpoint that matches no parameter at all is an error.
+
+Checkpoints are read with ``torch.load(weights_only=True)`` so that an untrusted file cannot execute
+pickled code. A checkpoint that needs full unpickling (it stores arbitrary Python objects) is refused with
+a message; set ``init_from_trusted: true`` only for files you trust.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import zipfile
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+
+from lightning_modules.errors import UserInputError
+
+log = logging.getLogger(__name__)
+
+
+def read_checkpoint(path: str, trusted: bool = False, what: str = "checkpoint") -> dict[str, Any]:
+    """Load a checkpoint file onto the CPU, turning every way it can be wrong into a `UserInputError`.
+
+    Accepts a Lightning checkpoint (a dict with ``state_dict``) or a bare ``state_dict`` of tensors.
+    Returns ``{"state_dict": ..., **rest}``.
+    """
+    if not os.path.isfile(path):
+        raise UserInputError(f"{what} '{path}' does not exist (or is not a file). Check the path; "
+                             "checkpoints are written under <default_root_dir>/.../checkpoints/*.ckpt.")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=not trusted)
+    except pickle.UnpicklingError as err:
+        if not trusted and "weights_only" in str(err):
+            raise UserInputError(
+                f"{what} '{path}' contains Python objects that weights-only loading refuses to unpickle. "
+                "If (and only if) you trust this file, set `init_from_trusted: true` "
+                "(for --ckpt_path: `--weights_only=false`).") from None
+        raise UserInputError(f"{what} '{path}' is not a readable torch checkpoint ({err}). "
+                             "Is it truncated, or a file of another format?") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as err:
+        raise UserInputError(f"{what} '{path}' could not be read: it looks truncated or is not a torch "
+                             f"checkpoint ({type(err).__name__}: {str(err).splitlines()[0][:160]}). "
+                             "Re-copy the file or point to another checkpoint.") from None
+    if isinstance(payload, dict) and "state_dict" in payload:
+        state = payload["state_dict"]
+    elif isinstance(payload, dict) and payload and all(isinstance(v, torch.Tensor) for v in payload.values()):
+        payload, state = {"state_dict": payload}, payload
+    else:
+        raise UserInputError(f"{what} '{path}' holds no model weights: expected a Lightning checkpoint "
+                             "(a dict with 'state_dict') or a plain state_dict of tensors.")
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UserInputError(f"{what} '{path}': its 'state_dict' is not a mapping of names to tensors.")
+    return payload
+
+
+def load_matching_weights(module: torch.nn.Module, state: dict[str, torch.Tensor],
+                          source: str = "checkpoint") -> dict[str, list[str]]:
+    """Copy every tensor of `state` whose name *and* shape match `module`; report the rest.
+
+    ``load_state_dict(strict=False)`` skips missing names but still fails on shape mismatches, so the
+    filtering is done here. Raises if nothing matches (a foreign checkpoint), because fine-tuning from
+    nothing is almost always a wrong path rather than an intent.
+    """
+    own = module.state_dict()
+    matched = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+    report = {
+        "loaded": sorted(matched),
+        "shape_mismatch": sorted(f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}"
+                                 for k, v in state.items() if k in own and own[k].shape != v.shape),
+        "not_in_model": sorted(k for k in state if k not in own),
+        "not_in_checkpoint": sorted(k for k in own if k not in state),
+    }
+    if not matched:
+        raise UserInputError(
+            f"{source} shares no parameter (by name and shape) with {type(module).__name__}: it was written "
+            f"by a different model. First checkpoint keys: {sorted(state)[:5]}; first model keys: "
+            f"{sorted(own)[:5]}.")
+    module.load_state_dict(matched, strict=False)
+    return report
+
+
+class PaperModule(LightningModule):
+    """Base class of every paper module.
+
+    Args:
+        optimizer: optimiser factory, called with the trainable parameters (injected by LightningCLI).
+        lr_scheduler: optional scheduler factory, called with the optimiser; stepped every optimiser step.
+        init_from: checkpoint to fine-tune from (weights matched by name and shape, loaded in ``setup``).
+        init_from_trusted: allow full unpickling of ``init_from`` (only for files you trust).
+    """
+
+    def __init__(self, optimizer: OptimizerCallable = torch.optim.Adam,
+                 lr_scheduler: LRSchedulerCallable | None = None,
+                 init_from: str | None = None, init_from_trusted: bool = False) -> None:
+        super().__init__()
+        self.optimizer_factory = optimizer
+        self.lr_scheduler_factory = lr_scheduler
+        self.init_from = init_from
+        self.init_from_trusted = init_from_trusted
+        self.init_from_report: dict[str, list[str]] | None = None
+
+    # ----------------------------------------------------------------------------- fine-tuning
+    def setup(self, stage: str) -> None:
+        if stage != "fit" or self.init_from is None or self.init_from_report is not None:
+            return
+        if self._trainer is not None and self.trainer.ckpt_path:
+            log.info("init_from=%s ignored: resuming exactly from --ckpt_path %s", self.init_from,
+                     self.trainer.ckpt_path)
+            return
+        self.load_initial_weights()
+
+    def load_initial_weights(self) -> dict[str, list[str]]:
+        """Load `init_from` now (also usable outside a Trainer); returns and logs the match report."""
+        payload = read_checkpoint(self.init_from, trusted=self.init_from_trusted, what="init_from")
+        report = load_matching_weights(self, payload["state_dict"], source=f"init_from '{self.init_from}'")
+        self.init_from_report = report
+        skipped = report["shape_mismatch"] + report["not_in_model"]
+        fresh = len(self.state_dict()) - len(report["loaded"])
+        log.warning("init_from %s: loaded %d tensors; skipped %d checkpoint tensors (%s); %d model tensors keep "
+                    "their fresh initialisation (missing from the checkpoint: %s)", self.init_from,
+                    len(report["loaded"]), len(skipped), "; ".join(skipped[:5]) or "none", fresh,
+                    ", ".join(report["not_in_checkpoint"][:5]) or "none")
+        return report
+
+    # ----------------------------------------------------------------------------- optimisation
+    def trainable_parameters(self):
+        """Parameters handed to the optimiser; override to exclude or group parameters."""
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def configure_optimizers(self):
+        optimizer = self.optimizer_factory(self.trainable_parameters())
+        if self.lr_scheduler_factory is None:
+            return optimizer
+        scheduler = self.lr_scheduler_factory(optimizer)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

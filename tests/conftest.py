@@ -1,0 +1,85 @@
+"""Shared fixtures: a clean environment per test and helpers that run the real CLI in-process.
+
+Every test runs from its own temporary directory, so the relative paths in configs (``runs/...``) never
+write into the repository; configs are passed by absolute path.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+os.environ["WANDB_MODE"] = "disabled"  # tests never create W&B runs
+torch.set_num_threads(1)  # 2-core machines: parallel multi-threaded torch processes slow each other down
+
+QUICK_CONFIGS = sorted(str(p.relative_to(REPO)) for p in REPO.glob("configs/*/*quick.yaml"))
+PAPER_CONFIGS = sorted(str(p.relative_to(REPO)) for p in REPO.glob("configs/*/*paper.yaml"))
+SWEEP_FILES = sorted(str(p.relative_to(REPO)) for p in REPO.glob("configs/sweeps/*.yaml"))
+
+# Configs that fine-tune another config's result: the harness first fits the prerequisite for a few
+# steps and passes its checkpoint as --model.init_args.init_from.
+PREREQUISITES = {"configs/trew/quick.yaml": "configs/trew/classifier_quick.yaml"}
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch, tmp_path):
+    """Run from tmp_path, with W&B disabled and pytest's argv hidden from LightningCLI."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setattr(sys, "argv", ["train.py"])
+    yield
+    torch.use_deterministic_algorithms(False)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def run_cli(*args: str, run: bool = True, cli_class=None):
+    """`python train.py <args>` in-process; returns the LightningCLI object."""
+    import train
+
+    return train.main(args=list(args), run=run, cli_class=cli_class or train.CollectionCLI)
+
+
+def config_path(relative: str) -> str:
+    return str(REPO / relative)
+
+
+@pytest.fixture(scope="session")
+def prerequisite_checkpoints(tmp_path_factory):
+    """Checkpoint of each prerequisite config after 2 training steps (built once per session)."""
+    built: dict[str, str] = {}
+
+    def get(prerequisite: str) -> str:
+        if prerequisite not in built:
+            out = tmp_path_factory.mktemp("prerequisite")
+            cwd = os.getcwd()
+            os.chdir(out)
+            try:
+                cli = run_cli("--config", config_path(prerequisite), "--trainer.max_steps=2",
+                              "--trainer.limit_val_batches=1", "--trainer.logger=false",
+                              "--trainer.enable_progress_bar=false", run=False)
+                cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+                built[prerequisite] = str(out / "prerequisite.ckpt")
+                cli.trainer.save_checkpoint(built[prerequisite])
+            finally:
+                os.chdir(cwd)
+        return built[prerequisite]
+
+    return get
+
+
+@pytest.fixture
+def prerequisite_args(prerequisite_checkpoints):
+    """Extra CLI args a config needs (its prerequisite's checkpoint), as a function of the config."""
+    def args_for(config: str) -> list[str]:
+        if config not in PREREQUISITES:
+            return []
+        return [f"--model.init_args.init_from={prerequisite_checkpoints(PREREQUISITES[config])}"]
+
+    return args_for

@@ -1,0 +1,149 @@
+"""Bad input fails fast with one message that names the problem and the fix (issue: foundation, item 1)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO, config_path, run_cli
+from lightning_modules.base import read_checkpoint
+from lightning_modules.classifier import ImageClassifier
+from lightning_modules.errors import UserInputError
+
+QUICK = config_path("configs/trew/classifier_quick.yaml")
+UNLEARN = config_path("configs/trew/quick.yaml")
+QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false"]
+
+
+def _parse_error(capsys, *args: str) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(*args, run=False)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_unknown_class_name_is_named(capsys):
+    err = _parse_error(capsys, "--config", QUICK, "--model=NoSuchPaperModule")
+    assert "NoSuchPaperModule" in err
+
+
+def test_value_outside_a_literal_choice_lists_the_choices(capsys):
+    err = _parse_error(capsys, "--config", UNLEARN, "--model.init_args.method=forget_everything")
+    assert "forget_everything" in err and "trew" in err
+
+
+def test_out_of_range_value_is_rejected_with_the_allowed_range():
+    with pytest.raises(UserInputError, match=r"hidden_dim=0 is out of range: it must lie in \[2, inf\]"):
+        run_cli("--config", QUICK, "--model.init_args.hidden_dim=0", *QUIET, run=False)
+
+
+def test_unknown_backbone_is_rejected():
+    with pytest.raises(UserInputError, match="backbone 'resnet_that_does_not_exist'"):
+        ImageClassifier(backbone="resnet_that_does_not_exist")
+
+
+def test_missing_data_dir_names_the_expected_files(tmp_path):
+    with pytest.raises(UserInputError, match="data_batch_1"):
+        run_cli("--config", QUICK, "--data.init_args.dataset=cifar10", f"--data.init_args.data_dir={tmp_path}/nope",
+                *QUIET, run=False)
+
+
+def test_malformed_data_dir_is_rejected(tmp_path):
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        (folder / name).write_bytes(b"this is not a pickle")
+    with pytest.raises(UserInputError, match="data_batch_1"):
+        cli = run_cli("--config", QUICK, "--data.init_args.dataset=cifar10", f"--data.init_args.data_dir={folder}",
+                      "--model.init_args.in_channels=3", "--model.init_args.image_size=32", *QUIET, run=False)
+        cli.datamodule.setup("fit")
+
+
+def test_model_and_data_disagreeing_on_the_forget_class_is_caught(prerequisite_checkpoints):
+    ckpt = prerequisite_checkpoints("configs/trew/classifier_quick.yaml")
+    with pytest.raises(UserInputError, match="forget_class"):
+        run_cli("fit", "--config", UNLEARN, f"--model.init_args.init_from={ckpt}", "--data.init_args.forget_class=3",
+                "--trainer.fast_dev_run=1", *QUIET)
+
+
+# --------------------------------------------------------------------------------------------- checkpoints
+@pytest.fixture
+def classifier_checkpoint(tmp_path):
+    path = tmp_path / "classifier.ckpt"
+    torch.save({"state_dict": ImageClassifier().state_dict()}, path)
+    return str(path)
+
+
+def test_truncated_checkpoint_is_named_as_truncated(classifier_checkpoint, tmp_path):
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(open(classifier_checkpoint, "rb").read()[:300])
+    with pytest.raises(UserInputError, match="truncated"):
+        read_checkpoint(str(truncated))
+    with pytest.raises(UserInputError, match="truncated"):
+        run_cli("fit", "--config", QUICK, f"--model.init_args.init_from={truncated}", "--trainer.fast_dev_run=1",
+                *QUIET)
+
+
+def test_missing_checkpoint_is_named(tmp_path):
+    with pytest.raises(UserInputError, match="does not exist"):
+        run_cli("fit", "--config", QUICK, f"--model.init_args.init_from={tmp_path}/none.ckpt",
+                "--trainer.fast_dev_run=1", *QUIET)
+
+
+def test_foreign_checkpoint_shares_no_parameter(tmp_path):
+    path = tmp_path / "foreign.ckpt"
+    torch.save({"state_dict": torch.nn.GRU(3, 5).state_dict()}, path)
+    with pytest.raises(UserInputError, match="shares no parameter"):
+        run_cli("fit", "--config", QUICK, f"--model.init_args.init_from={path}", "--trainer.fast_dev_run=1", *QUIET)
+
+
+class Payload:
+    """An arbitrary pickled object: what weights-only loading must refuse to execute."""
+
+    def __reduce__(self):
+        return (os.getcwd, ())
+
+
+def test_checkpoint_with_pickled_code_is_refused_unless_trusted(tmp_path):
+    path = tmp_path / "pickled.ckpt"
+    torch.save({"state_dict": ImageClassifier().state_dict(), "extra": Payload()}, path)
+    with pytest.raises(UserInputError, match="init_from_trusted"):
+        read_checkpoint(str(path))
+    assert "state_dict" in read_checkpoint(str(path), trusted=True)
+
+
+def test_ckpt_path_truncated_or_foreign_or_weights_only_is_refused(classifier_checkpoint, tmp_path):
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(b"\x00" * 64)
+    with pytest.raises(UserInputError, match="--ckpt_path"):
+        run_cli("fit", "--config", QUICK, f"--ckpt_path={truncated}", *QUIET)
+    with pytest.raises(UserInputError, match="weights-only file"):
+        run_cli("fit", "--config", QUICK, f"--ckpt_path={classifier_checkpoint}", *QUIET)
+    foreign = tmp_path / "foreign.ckpt"
+    torch.save({"state_dict": torch.nn.GRU(3, 5).state_dict(), "optimizer_states": [], "loops": {}}, foreign)
+    with pytest.raises(UserInputError, match="does not fit ImageClassifier"):
+        run_cli("fit", "--config", QUICK, f"--ckpt_path={foreign}", *QUIET)
+
+
+def test_init_from_skips_mismatched_shapes_and_reports_them(tmp_path):
+    source = ImageClassifier(num_classes=10)
+    path = tmp_path / "ten_classes.ckpt"
+    torch.save({"state_dict": source.state_dict()}, path)
+    target = ImageClassifier(num_classes=5, init_from=str(path))
+    report = target.load_initial_weights()
+    assert any(k.startswith("net.3.weight") for k in report["shape_mismatch"])  # the 10-way head
+    assert report["loaded"] == ["net.1.bias", "net.1.weight"]
+    torch.testing.assert_close(target.net[1].weight, source.net[1].weight)
+    assert not torch.equal(target.net[3].weight[:5], source.net[3].weight[:5])  # fresh head, not a slice
+
+
+def test_train_py_prints_one_error_line_and_exits_2(tmp_path):
+    result = subprocess.run([sys.executable, str(REPO / "train.py"), "fit", "--config", QUICK,
+                             "--model.init_args.hidden_dim=0"], capture_output=True, text=True, cwd=tmp_path,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("error: hidden_dim=0 is out of range")
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,132 @@
+"""The collection's one entry point: a thin LightningCLI over every paper module and datamodule.
+
+    python train.py fit --config configs/trew/classifier_quick.yaml
+    python train.py fit --config configs/tamed_sgd/quick.yaml --trainer.max_steps=100
+    python train.py fit --config configs/trew/paper.yaml --config configs/trainer/gpu.yaml
+
+Every LightningModule / LightningDataModule / Callback of the collection is imported here, so short class
+names (``--model ImageClassifier``) work. W&B runs offline unless ``WANDB_MODE`` is set. Bad user input
+(a missing data folder, an out-of-range value, a foreign checkpoint) ends with one ``error:`` line and
+exit status 2, not a library traceback.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("WANDB_MODE", "offline")  # online W&B without an API key fails; opt in explicitly
+
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer  # noqa: E402
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
+from lightning.pytorch.loggers import WandbLogger  # noqa: E402
+
+import callbacks  # noqa: E402,F401  (registers short class names)
+import datamodules  # noqa: E402,F401
+import lightning_modules  # noqa: E402,F401
+from lightning_modules.base import read_checkpoint  # noqa: E402
+from lightning_modules.errors import UserInputError  # noqa: E402
+
+
+class RunConfigSaver(SaveConfigCallback):
+    """Write the resolved config into the run's *own* directory and, with W&B, into the W&B run.
+
+    Lightning's default writes ``config.yaml`` into ``trainer.log_dir``, which for WandbLogger is the
+    logger's shared ``save_dir``: the second run (e.g. of a sweep) then crashes. Here the file goes to
+    the version directory of CSV/TensorBoard loggers, or to the W&B run's files directory, and the
+    config is also stored as the W&B run config (so sweeps and the W&B UI show every value).
+    """
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self.already_saved:
+            return
+        log_dir = trainer.log_dir  # broadcasts: must be called on every rank
+        if trainer.is_global_zero:
+            logger = trainer.logger
+            run_dir = logger.experiment.dir if isinstance(logger, WandbLogger) else log_dir
+            os.makedirs(run_dir, exist_ok=True)
+            self.parser.save(self.config, os.path.join(run_dir, self.config_filename), skip_none=False,
+                             overwrite=True, multifile=False)
+            if isinstance(logger, WandbLogger):
+                config = self.parser.dump(self.config, skip_none=False, format="json")
+                logger.experiment.config.update({"lightning_cli": config}, allow_val_change=True)
+            self.already_saved = True
+        self.already_saved = trainer.strategy.broadcast(self.already_saved)
+
+
+def _find_user_error(err: BaseException | None) -> UserInputError | None:
+    """The UserInputError somewhere in an exception's cause/context chain, if any."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, UserInputError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
+class CollectionCLI(LightningCLI):
+    """LightningCLI with the data-derived links and checkpoint validation of this collection."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.set_defaults({"seed_everything": 42})
+
+    def instantiate_classes(self) -> None:
+        """Instantiate, surfacing our own validation error instead of jsonargparse's Union wrapper."""
+        try:
+            super().instantiate_classes()
+        except Exception as err:  # noqa: BLE001 - re-raised unchanged unless it wraps a UserInputError
+            user_error = _find_user_error(err)
+            if user_error is None:
+                raise
+            raise user_error from None
+
+    def _validate_ckpt_path(self) -> None:
+        """Refuse a missing, truncated or foreign ``--ckpt_path`` before Lightning fails deep inside."""
+        config = self.config.get(self.subcommand, self.config)
+        ckpt_path = config.get("ckpt_path")
+        if ckpt_path in (None, "last", "best", "hpc", "registry") or not isinstance(ckpt_path, str):
+            return
+        weights_only = config.get("weights_only")
+        payload = read_checkpoint(ckpt_path, trusted=weights_only is False, what="--ckpt_path")
+        if self.subcommand == "fit" and ("optimizer_states" not in payload or "loops" not in payload):
+            raise UserInputError(f"--ckpt_path '{ckpt_path}' is a weights-only file, not a full Lightning "
+                                 "training checkpoint, so training cannot resume from it. To start from "
+                                 "these weights with a new config use --model.init_args.init_from instead.")
+        own = self.model.state_dict()
+        state = payload["state_dict"]
+        missing = [k for k in own if k not in state]
+        mismatched = [k for k in own if k in state and state[k].shape != own[k].shape]
+        if missing or mismatched:
+            raise UserInputError(
+                f"--ckpt_path '{ckpt_path}' does not fit {type(self.model).__name__} as configured "
+                f"({len(missing)} missing tensors, e.g. {missing[:3]}; {len(mismatched)} shape mismatches, "
+                f"e.g. {mismatched[:3]}). --ckpt_path resumes the *same* run; to fine-tune a different "
+                "configuration use --model.init_args.init_from.")
+
+    def before_fit(self) -> None:
+        self._validate_ckpt_path()
+
+    before_validate = before_test = before_predict = before_fit
+
+
+CLI_KWARGS = dict(
+    model_class=LightningModule,
+    datamodule_class=LightningDataModule,
+    subclass_mode_model=True,
+    subclass_mode_data=True,
+    auto_configure_optimizers=False,
+    save_config_callback=RunConfigSaver,
+)
+
+
+def main(args: list[str] | dict | None = None, run: bool = True, cli_class: type = CollectionCLI) -> LightningCLI:
+    """Build (and with ``run=True`` execute) the CLI; ``args`` replaces ``sys.argv[1:]`` (tests)."""
+    return cli_class(args=args, run=run, **CLI_KWARGS)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except UserInputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
