@@ -80,31 +80,37 @@ class CollectionCLI(LightningCLI):
                 raise
             raise user_error from None
 
-    def _validate_ckpt_path(self) -> None:
-        """Refuse a missing, truncated or foreign ``--ckpt_path`` before Lightning fails deep inside."""
-        config = self.config.get(self.subcommand, self.config)
-        ckpt_path = config.get("ckpt_path")
-        if ckpt_path in (None, "last", "best", "hpc", "registry") or not isinstance(ckpt_path, str):
+    def _parse_ckpt_path(self) -> None:
+        """Read ``--ckpt_path`` safely first: Lightning itself would fail deep in ``torch.load``."""
+        self._resume_checkpoint = None
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if isinstance(ckpt_path, str) and ckpt_path not in ("last", "best", "hpc", "registry"):
+            weights_only = self.config[subcommand].get("weights_only")
+            self._resume_checkpoint = read_checkpoint(ckpt_path, trusted=weights_only is False, what="--ckpt_path")
+            if subcommand == "fit" and not {"optimizer_states", "loops"} <= set(self._resume_checkpoint):
+                raise UserInputError(
+                    f"--ckpt_path '{ckpt_path}' is a weights-only file, not a full Lightning training checkpoint, "
+                    "so training cannot resume from it. To start from these weights with a new config use "
+                    "--model.init_args.init_from instead.")
+        super()._parse_ckpt_path()
+
+    def _check_checkpoint_fits_model(self) -> None:
+        """Refuse a ``--ckpt_path`` written by a different model before Lightning fails on it."""
+        if self._resume_checkpoint is None:
             return
-        weights_only = config.get("weights_only")
-        payload = read_checkpoint(ckpt_path, trusted=weights_only is False, what="--ckpt_path")
-        if self.subcommand == "fit" and ("optimizer_states" not in payload or "loops" not in payload):
-            raise UserInputError(f"--ckpt_path '{ckpt_path}' is a weights-only file, not a full Lightning "
-                                 "training checkpoint, so training cannot resume from it. To start from "
-                                 "these weights with a new config use --model.init_args.init_from instead.")
-        own = self.model.state_dict()
-        state = payload["state_dict"]
+        own, state = self.model.state_dict(), self._resume_checkpoint["state_dict"]
         missing = [k for k in own if k not in state]
         mismatched = [k for k in own if k in state and state[k].shape != own[k].shape]
         if missing or mismatched:
             raise UserInputError(
-                f"--ckpt_path '{ckpt_path}' does not fit {type(self.model).__name__} as configured "
-                f"({len(missing)} missing tensors, e.g. {missing[:3]}; {len(mismatched)} shape mismatches, "
-                f"e.g. {mismatched[:3]}). --ckpt_path resumes the *same* run; to fine-tune a different "
-                "configuration use --model.init_args.init_from.")
+                f"--ckpt_path does not fit {type(self.model).__name__} as configured ({len(missing)} missing "
+                f"tensors, e.g. {missing[:3]}; {len(mismatched)} shape mismatches, e.g. {mismatched[:3]}). "
+                "--ckpt_path resumes the *same* run; to fine-tune a different configuration use "
+                "--model.init_args.init_from.")
 
     def before_fit(self) -> None:
-        self._validate_ckpt_path()
+        self._check_checkpoint_fits_model()
 
     before_validate = before_test = before_predict = before_fit
 

@@ -1,2 +1,4 @@
 """Cross-paper tricks that attach to any suitable module; importing registers CLI short names."""
-__all__: list[str] = []
+from callbacks.trew import TREWReweighting
+
+__all__ = ["TREWReweighting"]

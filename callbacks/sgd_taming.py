@@ -207,14 +207,14 @@ class SGDTaming(Callback):
         if self.scheme == "tamed":
             grad_norm = torch.nn.utils.get_total_norm([p.grad for _, params in groups for p in params])
             scales = [tamed_scale(grad_norm, lr, self.lr_power) for lr, _ in groups]
-            for scale, (_, params) in zip(scales, groups):
+            for scale, (_, params) in zip(scales, groups, strict=True):
                 for p in params:
                     p.grad.mul_(scale)
             norm_name, norm = "taming/grad_norm", grad_norm
         else:
             param_norm = torch.nn.utils.get_total_norm([p.detach() for _, params in groups for p in params])
             scales = [dissipative_scale(param_norm, lr, self.iterate_power) for lr, _ in groups]
-            for scale, (_, params) in zip(scales, groups):
+            for scale, (_, params) in zip(scales, groups, strict=True):
                 for p in params:  # a x + (g - a x) * scale, computed in place in p.grad
                     restoring = self.restoring_coef * p.detach()
                     p.grad.sub_(restoring).mul_(scale).add_(restoring)

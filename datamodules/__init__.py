@@ -1,2 +1,4 @@
 """One LightningDataModule per data family; importing registers CLI short names."""
-__all__: list[str] = []
+from datamodules.images import ImageClassificationDataModule
+
+__all__ = ["ImageClassificationDataModule"]

@@ -10,7 +10,7 @@ Datasets and the formats read
   For both CIFARs ``data_dir`` may be the ``cifar-*`` folder itself or the folder that contains it.
 * ``imagefolder``: ``data_dir/train/<class_name>/*.{png,jpg,jpeg}`` and ``data_dir/test/<class_name>/...``.
   Classes are the sorted names of the ``train`` subfolders, and ``test`` must have exactly the same ones.
-  Images are read lazily with PIL, converted to RGB and resized (not cropped) to ``image_size`` squared.
+  Images are read lazily with PIL, converted to RGB and resized (not cropped) to ``resize_to`` squared.
 
 Nothing is ever downloaded: CIFAR and ImageFolder data are read from a local ``data_dir`` that the user
 provides, and every missing or malformed file raises `UserInputError` naming the file and what was expected.
@@ -46,7 +46,6 @@ return the forget-class / other-class examples of the full split, un-augmented a
 """
 from __future__ import annotations
 
-import math
 import os
 import pickle
 from typing import Literal
@@ -55,6 +54,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
@@ -71,7 +71,8 @@ AUGMENT_PAD = 4
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 # (folder name, training files, test files, label key, number of classes)
 CIFAR_LAYOUT = {
-    "cifar10": ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], "labels", 10),
+    "cifar10": ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"],
+                "labels", 10),
     "cifar100": ("cifar-100-python", ["train"], ["test"], "fine_labels", 100),
 }
 # seed streams, so that the validation split and the shuffle draw independent random numbers
@@ -91,7 +92,8 @@ class ImageClassificationDataModule(LightningDataModule):
         num_workers: DataLoader worker processes, >= 0.
         seed: seeds the validation split and the per-epoch shuffle, >= 0.
         augment: random crop (pad 4) + horizontal flip of training images (not for digits).
-        image_size: imagefolder only, square side the images are resized to (default 32).
+        resize_to: imagefolder only, square side the images are resized to (default 32); named apart
+            from the model's ``image_size`` so that Lightning can merge both hparams.
 
     Attributes set by ``__init__``: ``num_classes``, ``in_channels``, ``image_size``, ``class_names``.
     Set by ``setup``: ``train_set``, ``val_set``, ``test_set``, ``mean``, ``std`` (per-channel tensors).
@@ -108,7 +110,7 @@ class ImageClassificationDataModule(LightningDataModule):
         num_workers: int = 0,
         seed: int = 0,
         augment: bool = False,
-        image_size: int | None = None,
+        resize_to: int | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -116,7 +118,8 @@ class ImageClassificationDataModule(LightningDataModule):
             raise UserInputError(f"dataset={dataset!r} is unknown: choose one of {', '.join(DATASETS)}.")
         if train_on not in ("all", "retain"):
             raise UserInputError(f"train_on={train_on!r} is unknown: choose 'all' or 'retain'.")
-        for name, value, low in (("batch_size", batch_size, 1), ("num_workers", num_workers, 0), ("seed", seed, 0)):
+        integers = (("batch_size", batch_size, 1), ("num_workers", num_workers, 0), ("seed", seed, 0))
+        for name, value, low in integers:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise UserInputError(f"{name}={value!r} must be an integer.")
             check_range(name, value, low)
@@ -131,22 +134,22 @@ class ImageClassificationDataModule(LightningDataModule):
                                      f"data_dir={data_dir!r} was given. Remove data_dir, or choose dataset "
                                      "cifar10, cifar100 or imagefolder.")
             if augment:
-                raise UserInputError("augment=True is not allowed for dataset='digits': flips and crops change "
-                                     "what a digit is (a flipped 2 is no 2) and an 8x8 image has no room to "
-                                     "crop. Set augment: false.")
-            self._check_native_size(image_size, 8)
+                raise UserInputError("augment=True is not allowed for dataset='digits': flips and crops "
+                                     "change what a digit is (a flipped 2 is no 2) and an 8x8 image has no "
+                                     "room to crop. Set augment: false.")
+            self._check_native_size(resize_to, 8)
             self.num_classes, self.in_channels, self.image_size = 10, 1, 8
             self.class_names = [str(d) for d in range(10)]
         elif dataset in CIFAR_LAYOUT:
-            self._check_native_size(image_size, 32)
+            self._check_native_size(resize_to, 32)
             self.data_dir = _find_cifar_dir(dataset, data_dir)
             self.num_classes, self.in_channels, self.image_size = CIFAR_LAYOUT[dataset][4], 3, 32
             self.class_names = list(CIFAR10_CLASSES) if dataset == "cifar10" else [str(c) for c in range(100)]
         else:
-            size = 32 if image_size is None else image_size
+            size = 32 if resize_to is None else resize_to
             if isinstance(size, bool) or not isinstance(size, int):
-                raise UserInputError(f"image_size={image_size!r} must be an integer (pixels per side).")
-            check_range("image_size", size, 1)
+                raise UserInputError(f"resize_to={resize_to!r} must be an integer (pixels per side).")
+            check_range("resize_to", size, 1)
             self.data_dir = _require_dir(data_dir, "imagefolder", "a folder with train/<class>/*.png|jpg "
                                                                   "and test/<class>/... subfolders")
             self.class_names, self._files = _scan_image_folder(self.data_dir)
@@ -157,20 +160,21 @@ class ImageClassificationDataModule(LightningDataModule):
                 raise UserInputError(f"forget_class={forget_class!r} must be an integer class index or null.")
             if not 0 <= forget_class < self.num_classes:
                 raise UserInputError(f"forget_class={forget_class} is out of range: dataset {dataset!r} has "
-                                     f"{self.num_classes} classes, so it must lie in [0, {self.num_classes - 1}].")
+                                     f"{self.num_classes} classes, so it must lie in "
+                                     f"[0, {self.num_classes - 1}].")
         elif train_on == "retain":
-            raise UserInputError("train_on='retain' drops the forget class from training, but forget_class is "
-                                 "null. Set forget_class, or use train_on: all.")
+            raise UserInputError("train_on='retain' drops the forget class from training, but forget_class "
+                                 "is null. Set forget_class, or use train_on: all.")
         self.forget_class = forget_class
         self.mean: Tensor | None = None
         self.std: Tensor | None = None
         self._built = False
 
-    def _check_native_size(self, image_size: int | None, native: int) -> None:
-        if image_size is not None and image_size != native:
-            raise UserInputError(f"image_size={image_size} does not match dataset {self.dataset_name!r}, whose "
-                                 f"images are {native}x{native}; resizing applies to imagefolder only. "
-                                 "Remove image_size (or set it to the native size).")
+    def _check_native_size(self, resize_to: int | None, native: int) -> None:
+        if resize_to is not None and resize_to != native:
+            raise UserInputError(f"resize_to={resize_to} does not match dataset {self.dataset_name!r}, "
+                                 f"whose images are {native}x{native}; resizing applies to imagefolder only. "
+                                 "Remove resize_to (or set it to the native size).")
 
     # ----------------------------------------------------------------------------------------------- setup
     def setup(self, stage: str | None = None) -> None:
@@ -183,19 +187,21 @@ class ImageClassificationDataModule(LightningDataModule):
             pool, test = _load_cifar(self.dataset_name, self.data_dir)
         else:
             pool, test = (FileImages(paths, labels, self.image_size) for paths, labels in self._files)
-        train_idx, val_idx = stratified_split(pool.labels, self.val_fraction, _mix_seed(self.seed, _STREAM_VAL))
+        val_seed = _mix_seed(self.seed, _STREAM_VAL)
+        train_idx, val_idx = stratified_split(pool.labels, self.val_fraction, val_seed)
         # full splits (forget class included): the unlearning loaders and the statistics use these
         self._split = {"train": (pool, train_idx), "val": (pool, val_idx),
                        "test": (test, torch.arange(len(test.labels)))}
         stats_idx = train_idx
         if isinstance(pool, FileImages) and len(train_idx) > IMAGEFOLDER_STATS_MAX:
             gen = torch.Generator().manual_seed(_mix_seed(self.seed, _STREAM_STATS))
-            stats_idx = train_idx[torch.randperm(len(train_idx), generator=gen)[:IMAGEFOLDER_STATS_MAX]].sort()[0]
+            chosen = torch.randperm(len(train_idx), generator=gen)[:IMAGEFOLDER_STATS_MAX]
+            stats_idx = train_idx[chosen].sort()[0]
         self.mean, self.std = pool.channel_stats(stats_idx)
 
-        keep = self.forget_class if self.train_on == "retain" else None
-        self.train_set = self._dataset("train", drop=keep, augment=self.augment)
-        self.val_set = self._dataset("val", drop=keep)
+        dropped = self.forget_class if self.train_on == "retain" else None
+        self.train_set = self._dataset("train", drop=dropped, augment=self.augment)
+        self.val_set = self._dataset("val", drop=dropped)
         self.test_set = self._dataset("test")
         self._built = True
 
@@ -234,13 +240,22 @@ class ImageClassificationDataModule(LightningDataModule):
         return self._loader(self.train_set, sampler=sampler)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set)
+        return self._loader(self.val_set, sampler=self._evaluation_sampler(self.val_set))
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set)
+        return self._loader(self.test_set, sampler=self._evaluation_sampler(self.test_set))
 
     def predict_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set)
+        return self._loader(self.test_set, sampler=self._evaluation_sampler(self.test_set))
+
+    def _evaluation_sampler(self, dataset: Dataset) -> Sampler | None:
+        """Under DDP, shard evaluation data without the padding duplicates of DistributedSampler, so that
+        torchmetrics reduce to exactly the single-process value (each example is seen once)."""
+        trainer = self.trainer
+        if trainer is None or trainer.world_size == 1:
+            return None
+        return UnrepeatedDistributedSampler(dataset, num_replicas=trainer.world_size, rank=trainer.global_rank,
+                                            shuffle=False)
 
     def forget_dataloader(self, split: str) -> DataLoader:
         """Unshuffled, un-augmented examples of `forget_class` in `split` (also when train_on='retain')."""
@@ -291,7 +306,7 @@ class ImageDataset(Dataset):
 
 
 def random_crop_flip(pixels: Tensor, pad: int) -> Tensor:
-    """Zero-pad (black) by `pad`, crop back to the original size at a random offset, flip left-right w.p. 1/2."""
+    """Zero-pad (black) by `pad`, crop back to the original size at a random offset, flip w.p. 1/2."""
     _, h, w = pixels.shape
     padded = F.pad(pixels, (pad, pad, pad, pad))
     top, left = torch.randint(0, 2 * pad + 1, (2,)).tolist()
@@ -422,7 +437,8 @@ def _read_cifar_file(path: str, label_key: str, num_classes: int) -> tuple[Tenso
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError,
             IndexError, KeyError, OSError) as err:
         raise UserInputError(f"CIFAR file '{path}' is not a readable pickle ({type(err).__name__}: {err}). "
-                             "It is truncated or of another format: re-extract the official archive.") from None
+                             "It is truncated or of another format: re-extract the official archive."
+                             ) from None
     if not isinstance(batch, dict):
         raise UserInputError(f"CIFAR file '{path}' holds a {type(batch).__name__}, expected a dict with keys "
                              f"b'data' and b'{label_key}'.")
@@ -442,8 +458,8 @@ def _read_cifar_file(path: str, label_key: str, num_classes: int) -> tuple[Tenso
         raise UserInputError(f"CIFAR file '{path}': b'data' must hold integer pixels in [0, 255] "
                              f"(got dtype {data.dtype}).")
     if labels.shape != (len(data),) or not np.issubdtype(labels.dtype, np.integer):
-        raise UserInputError(f"CIFAR file '{path}': b'{label_key}' must be {len(data)} integer labels (one per "
-                             f"image), got shape {labels.shape} and dtype {labels.dtype}.")
+        raise UserInputError(f"CIFAR file '{path}': b'{label_key}' must be {len(data)} integer labels (one "
+                             f"per image), got shape {labels.shape} and dtype {labels.dtype}.")
     if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
         raise UserInputError(f"CIFAR file '{path}': b'{label_key}' has labels outside [0, {num_classes - 1}] "
                              f"(min {labels.min()}, max {labels.max()}).")
@@ -457,8 +473,8 @@ def _scan_image_folder(root: str) -> tuple[list[str], list[tuple[list[str], Tens
     for split in ("train", "test"):
         split_dir = os.path.join(root, split)
         if not os.path.isdir(split_dir):
-            raise UserInputError(f"imagefolder: '{split_dir}' is missing. Expected data_dir/train/<class>/*.png|jpg"
-                                 " and data_dir/test/<class>/*.png|jpg.")
+            raise UserInputError(f"imagefolder: '{split_dir}' is missing. Expected "
+                                 "data_dir/train/<class>/*.png|jpg and data_dir/test/<class>/*.png|jpg.")
         entries = sorted(e for e in os.listdir(split_dir) if not e.startswith("."))
         stray = [e for e in entries if not os.path.isdir(os.path.join(split_dir, e))]
         if stray:
@@ -471,9 +487,9 @@ def _scan_image_folder(root: str) -> tuple[list[str], list[tuple[list[str], Tens
     if trees["test"] != classes:
         missing = sorted(set(classes) - set(trees["test"]))
         extra = sorted(set(trees["test"]) - set(classes))
-        raise UserInputError(f"imagefolder: the test classes do not match the train classes (missing in test/: "
-                             f"{missing or 'none'}; only in test/: {extra or 'none'}). Both folders need the "
-                             "same class subfolders.")
+        raise UserInputError(f"imagefolder: the test classes do not match the train classes (missing in "
+                             f"test/: {missing or 'none'}; only in test/: {extra or 'none'}). Both folders "
+                             "need the same class subfolders.")
     files = []
     for split in ("train", "test"):
         paths, labels = [], []
@@ -482,8 +498,9 @@ def _scan_image_folder(root: str) -> tuple[list[str], list[tuple[list[str], Tens
             names = sorted(n for n in os.listdir(class_dir) if not n.startswith("."))
             bad = [n for n in names if os.path.splitext(n)[1].lower() not in IMAGE_EXTENSIONS]
             if bad:
-                raise UserInputError(f"imagefolder: '{os.path.join(class_dir, bad[0])}' is not a .png/.jpg/.jpeg "
-                                     f"image ({len(bad)} such file(s) in this folder). Convert or remove them.")
+                raise UserInputError(f"imagefolder: '{os.path.join(class_dir, bad[0])}' is not a "
+                                     f".png/.jpg/.jpeg image ({len(bad)} such file(s) in this folder). "
+                                     "Convert or remove them.")
             if not names:
                 raise UserInputError(f"imagefolder: class folder '{class_dir}' has no images.")
             paths += [os.path.join(class_dir, n) for n in names]
@@ -526,5 +543,5 @@ def stratified_split(labels: Tensor, fraction: float, seed: int) -> tuple[Tensor
 
 
 def _mix_seed(*parts: int) -> int:
-    """A well-mixed 63-bit seed from integers (seed, stream[, epoch]); distinct tuples give distinct streams."""
+    """A well-mixed 63-bit seed from integers (seed, stream[, epoch]): distinct tuples, distinct streams."""
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1, dtype=np.uint64)[0]) >> 1

@@ -10,8 +10,8 @@ oracle samples per step (minibatching). The whole table of ``num_steps`` minibat
 can feed the very same noise to its vectorised simulation through `oracle_noise`.
 
 One epoch is ``num_steps`` optimizer steps. Training longer replays the same noise (the samples are then no
-longer independent), so a warning is issued; set ``num_steps >= trainer.max_steps``. The validation and test
-loaders yield a single all-zero sample, on which the sample objective equals the exact objective.
+longer independent), so a warning is issued; set ``num_steps >= trainer.max_steps``. The validation, test and
+predict loaders yield a single all-zero sample, on which the sample objective equals the exact objective.
 """
 from __future__ import annotations
 
@@ -87,4 +87,7 @@ class StochasticOracleDataModule(LightningDataModule):
         return self._exact_loader()
 
     def test_dataloader(self) -> DataLoader:
+        return self._exact_loader()
+
+    def predict_dataloader(self) -> DataLoader:
         return self._exact_loader()

@@ -42,7 +42,7 @@ def read_checkpoint(path: str, trusted: bool = False, what: str = "checkpoint") 
     try:
         payload = torch.load(path, map_location="cpu", weights_only=not trusted)
     except pickle.UnpicklingError as err:
-        if not trusted and "weights_only" in str(err):
+        if not trusted and "global" in str(err).lower():  # a class outside the weights-only allow-list
             raise UserInputError(
                 f"{what} '{path}' contains Python objects that weights-only loading refuses to unpickle. "
                 "If (and only if) you trust this file, set `init_from_trusted: true` "

@@ -96,9 +96,20 @@ class ImageClassifier(PaperModule):
         self.save_hyperparameters()
         self.net = build_backbone(backbone, num_classes, in_channels, image_size, hidden_dim, depth, cifar_stem)
         self.example_input_array = torch.zeros(2, in_channels, image_size, image_size)
-        # torchmetrics accumulate counts, so the epoch accuracy is exact under DDP (not a mean of means)
+        # torchmetrics accumulate sums and counts, so epoch values are exact under DDP (not a mean of means)
         self.val_acc = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = self.val_acc.clone()
+        self.val_loss, self.test_loss = torchmetrics.MeanMetric(), torchmetrics.MeanMetric()
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)  # init_from
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        for name in ("num_classes", "in_channels", "image_size"):
+            data_value, model_value = getattr(datamodule, name, None), self.hparams[name]
+            if data_value is not None and data_value != model_value:
+                raise UserInputError(f"model.{name}={model_value} but the data has {name}={data_value}: set "
+                                     f"model.init_args.{name}: {data_value} (the model is built before the data "
+                                     "is read, so the value must be given).")
 
     @property
     def head(self) -> nn.Linear:
@@ -118,7 +129,9 @@ class ImageClassifier(PaperModule):
     def _evaluate(self, batch, stage: str, accuracy: torchmetrics.Metric) -> None:
         images, labels = batch
         logits = self(images)
-        self.log(f"{stage}/loss", F.cross_entropy(logits, labels), sync_dist=True)
+        loss = getattr(self, f"{stage}_loss")
+        loss(F.cross_entropy(logits, labels, reduction="none"))
+        self.log(f"{stage}/loss", loss)
         accuracy(logits, labels)
         self.log(f"{stage}/acc", accuracy, prog_bar=True)
 

@@ -221,3 +221,8 @@ class StochasticOracleModule(PaperModule):
 
     def test_step(self, batch: Tensor, batch_idx: int) -> None:
         self._evaluate("test")
+
+    def predict_step(self, batch: Tensor, batch_idx: int) -> dict[str, Tensor]:
+        """The iterate and its exact diagnostics (the batch is the datamodule's all-zero noise sample)."""
+        return {"x": self.x.detach().clone(), "sample_objective": self(batch).detach(),
+                **state_metrics(self.objective, self.x.detach())}

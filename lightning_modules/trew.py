@@ -46,7 +46,8 @@ import torchmetrics
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 
-from lightning_modules.classifier import ImageClassifier, final_linear
+from lightning_modules.base import load_matching_weights, read_checkpoint
+from lightning_modules.classifier import ImageClassifier
 from lightning_modules.errors import UserInputError, check_range
 
 UnlearningMethod = Literal["finetune", "neggrad_plus", "random_labels", "trew"]
@@ -88,10 +89,13 @@ class ClassUnlearning(ImageClassifier):
     Training batches hold every class (datamodule ``train_on: all``); forget inputs are recognised by
     their label. ``method`` picks the forget objective (see the module docstring); ``forget_weight`` is
     lambda for TREW, the ascent weight for NegGrad+, and the random-label loss weight for RL.
-    Validation logs ``val/retain_acc`` and ``val/forget_acc``.
+    Validation logs ``val/retain_acc`` and ``val/forget_acc``; with ``reference_from`` (a checkpoint of a
+    model retrained without the forget class, same architecture) also ``val/tv_to_reference``, the
+    total-variation distance to it on validation forget inputs: the criterion to tune beta and T on.
     """
 
     def __init__(self, forget_class: int, method: UnlearningMethod = "trew", forget_weight: float = 1.0,
+                 reference_from: str | None = None,
                  backbone: str = "mlp", num_classes: int = 10, in_channels: int = 1, image_size: int = 8,
                  hidden_dim: int = 128, depth: int = 1, cifar_stem: bool = False, label_smoothing: float = 0.0,
                  optimizer: OptimizerCallable = torch.optim.Adam, lr_scheduler: LRSchedulerCallable | None = None,
@@ -104,6 +108,10 @@ class ClassUnlearning(ImageClassifier):
         check_range("forget_weight", forget_weight, 0.0)
         self.save_hyperparameters()
         self.forget_class = forget_class
+        if reference_from is not None:
+            # frozen retrained reference, only for the validation criterion; loaded in setup()
+            self.reference = copy.deepcopy(self.net).requires_grad_(False)
+            self.val_tv_to_reference = torchmetrics.MeanMetric()
         if method == "trew":
             # frozen copy of the model being unlearned; filled in setup("fit") after init_from
             self.original = copy.deepcopy(self.net).requires_grad_(False)
@@ -121,6 +129,15 @@ class ClassUnlearning(ImageClassifier):
         if data_forget != self.forget_class:
             raise UserInputError(f"model.forget_class={self.forget_class} but data.forget_class={data_forget}: "
                                  "set both to the class you want to unlearn.")
+        reference_from = self.hparams.reference_from
+        if reference_from is not None and stage in ("fit", "validate") and not self.trainer.ckpt_path:
+            payload = read_checkpoint(reference_from, what="reference_from")
+            state = {k[len("net."):]: v for k, v in payload["state_dict"].items() if k.startswith("net.")}
+            report = load_matching_weights(self.reference, state, source=f"reference_from '{reference_from}'")
+            if report["shape_mismatch"] or report["not_in_checkpoint"]:
+                problems = report["shape_mismatch"][:2] or report["not_in_checkpoint"][:2]
+                raise UserInputError(f"reference_from '{reference_from}' is not a classifier with this "
+                                     f"architecture ({problems}).")
         if stage == "fit" and self.hparams.method == "trew" and not self.trainer.ckpt_path:
             self.original.load_state_dict(self.net.state_dict())
             if self.init_from is None:
@@ -128,9 +145,13 @@ class ClassUnlearning(ImageClassifier):
                                      "original classifier's checkpoint (train it with "
                                      "configs/trew/classifier_quick.yaml).")
 
-    def on_train_epoch_start(self) -> None:
-        if self.hparams.method == "trew":
-            self.original.eval()  # frozen teacher: no dropout / BN updates
+    def train(self, mode: bool = True) -> "ClassUnlearning":
+        """Frozen models stay in eval mode whatever Lightning switches (no dropout, no BatchNorm updates)."""
+        super().train(mode)
+        for frozen in ("original", "reference"):
+            if hasattr(self, frozen):
+                getattr(self, frozen).eval()
+        return self
 
     def training_step(self, batch, batch_idx):
         images, labels = batch
@@ -169,12 +190,19 @@ class ClassUnlearning(ImageClassifier):
         images, labels = batch
         logits = self(images)
         is_forget = labels == self.forget_class
-        self.log(f"{stage}/loss", F.cross_entropy(logits, labels), sync_dist=True)
+        loss = getattr(self, f"{stage}_loss")
+        loss(F.cross_entropy(logits, labels, reduction="none"))
+        self.log(f"{stage}/loss", loss)
         for part, mask in (("retain", ~is_forget), ("forget", is_forget)):
             metric = getattr(self, f"{stage}_{part}_acc")
             if mask.any():
                 metric(logits[mask], labels[mask])
                 self.log(f"{stage}/{part}_acc", metric, prog_bar=part == "retain")
+        if stage == "val" and hasattr(self, "reference") and is_forget.any():
+            reference = self.reference(images[is_forget]).float().softmax(-1)
+            per_input_tv = 0.5 * (logits[is_forget].float().softmax(-1) - reference).abs().sum(-1)
+            self.val_tv_to_reference(per_input_tv)
+            self.log("val/tv_to_reference", self.val_tv_to_reference)
 
 
 # --------------------------------------------------------------------------------------------- metrics

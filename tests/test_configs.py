@@ -22,6 +22,9 @@ class ParseOnlyCLI(train.CollectionCLI):
     def instantiate_classes(self) -> None:
         pass
 
+    def _run_subcommand(self, subcommand: str) -> None:
+        pass
+
 
 def test_there_are_configs():
     assert QUICK_CONFIGS and PAPER_CONFIGS and SWEEP_FILES
@@ -127,7 +130,7 @@ def test_same_seed_gives_bit_identical_weights(config, prerequisite_args):
 
 @pytest.mark.parametrize("config", PAPER_CONFIGS)
 def test_paper_config_parses(config):
-    cli = run_cli("fit", "--config", config_path(config), run=False, cli_class=ParseOnlyCLI)
+    cli = run_cli("fit", "--config", config_path(config), cli_class=ParseOnlyCLI)
     assert cli.config["fit"]["model"]["class_path"]
 
 
@@ -158,7 +161,7 @@ def test_sweep_file_is_valid_and_every_sampled_command_parses(sweep_file):
             args.extend(_agent_arguments(suggestion.config) if token == "${args}" else [token])
         assert args[0] == "fit"
         args = [config_path(a) if a.endswith(".yaml") else a for a in args]
-        cli = run_cli(*args, run=False, cli_class=ParseOnlyCLI)
+        cli = run_cli(*args, cli_class=ParseOnlyCLI)
         assert cli.config["fit"]["model"]["class_path"], shlex.join(args)
         suggestion.state = sweeps.RunState.finished
         metric = sweep["metric"]["name"]

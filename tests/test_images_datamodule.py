@@ -12,8 +12,12 @@ import torch.nn.functional as F
 from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
 from lightning.pytorch import LightningModule, Trainer
 
-from datamodules.images import (EpochShuffleSampler, ImageClassificationDataModule, random_crop_flip,
-                                stratified_split)
+from datamodules.images import (
+    EpochShuffleSampler,
+    ImageClassificationDataModule,
+    random_crop_flip,
+    stratified_split,
+)
 from lightning_modules.errors import UserInputError
 
 torch.set_num_threads(1)
@@ -122,7 +126,7 @@ def test_cifar_attributes_and_shapes(tmp_path, dataset, point_at):
 
 def test_imagefolder_classes_sizes_and_labels(tmp_path):
     root = make_image_folder(tmp_path)
-    dm = ImageClassificationDataModule(dataset="imagefolder", data_dir=str(root), image_size=16, batch_size=4)
+    dm = ImageClassificationDataModule(dataset="imagefolder", data_dir=str(root), resize_to=16, batch_size=4)
     assert (dm.num_classes, dm.in_channels, dm.image_size) == (3, 3, 16)
     assert dm.class_names == ["ant", "bee", "cat"]                 # sorted by name
     dm.setup()
@@ -169,7 +173,8 @@ def test_splits_are_deterministic_given_seed_and_differ_across_seeds():
         dm.setup()
         return dm
     a, b, c = build(0), build(0), build(1)
-    assert torch.equal(a.train_set.indices, b.train_set.indices) and torch.equal(a.val_set.indices, b.val_set.indices)
+    assert torch.equal(a.train_set.indices, b.train_set.indices)
+    assert torch.equal(a.val_set.indices, b.val_set.indices)
     assert not torch.equal(a.val_set.indices, c.val_set.indices)
     assert torch.equal(a.test_set.source.data, c.test_set.source.data)   # digits test set is fixed
     both = torch.cat([a.train_set.indices, a.val_set.indices])
@@ -179,7 +184,7 @@ def test_splits_are_deterministic_given_seed_and_differ_across_seeds():
 def test_stratified_split_counts_by_hand():
     labels = torch.tensor([0] * 10 + [1] * 5 + [2] * 1 + [3] * 2)
     kept, held = stratified_split(labels, 0.2, seed=7)
-    assert torch.bincount(labels[held], minlength=4).tolist() == [2, 1, 0, 1]   # round(.2 n), clamped [1, n-1]
+    assert torch.bincount(labels[held], minlength=4).tolist() == [2, 1, 0, 1]   # round(.2n) in [1, n-1]
     assert sorted(torch.cat([kept, held]).tolist()) == list(range(len(labels)))
 
 
@@ -208,7 +213,8 @@ def test_train_on_retain_drops_forget_class_but_forget_loader_keeps_it(digits):
     _, train = _all(dm.train_dataloader())
     _, val = _all(dm.val_dataloader())
     assert 3 not in train.tolist() and 3 not in val.tolist()
-    assert len(train) == int((digits.train_set.labels != 3).sum()) and len(val) == int((digits.val_set.labels != 3).sum())
+    assert len(train) == int((digits.train_set.labels != 3).sum())
+    assert len(val) == int((digits.val_set.labels != 3).sum())
     forget_x, forget_y = _all(dm.forget_dataloader("train"))
     reference_x, _ = _all(digits.forget_dataloader("train"))        # same examples as with train_on="all"
     assert len(forget_y) > 0 and torch.equal(forget_x, reference_x)
@@ -295,10 +301,13 @@ def test_augmentation_is_a_padded_shift_or_flip_and_training_only(cifar10):
     draws = [random_crop_flip(pixels, 4) for _ in range(20)]
     assert any(not torch.equal(draws[0], d) for d in draws[1:])
     padded = F.pad(pixels, (4, 4, 4, 4))
-    candidates = [padded[:, t:t + 32, s:s + 32] for t in range(9) for s in range(9)]
-    candidates += [c.flip(-1) for c in candidates]
-    for draw in draws:
-        assert draw.shape == (3, 32, 32) and any(torch.equal(draw, c) for c in candidates)
+    crops = {(t, s): padded[:, t:t + 32, s:s + 32] for t in range(9) for s in range(9)}
+    candidates = {(t, s, flip): crop.flip(-1) if flip else crop
+                  for (t, s), crop in crops.items() for flip in (False, True)}
+    found = [[key for key, c in candidates.items() if torch.equal(draw, c)] for draw in draws]
+    assert all(len(keys) == 1 for keys in found)                    # every draw is one padded crop (+ flip)
+    assert {keys[0][2] for keys in found} == {False, True}          # both flipped and unflipped occur
+    assert len({keys[0][:2] for keys in found}) > 5                 # and the crop offset varies
     x, _ = dm.train_set[0]
     assert x.shape == (3, 32, 32)
 
@@ -317,23 +326,23 @@ def _raises(match, **kwargs):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(dataset="mnist"), "dataset='mnist' is unknown"),
-    (dict(dataset="cifar10"), "needs data_dir"),
-    (dict(dataset="imagefolder"), "needs data_dir"),
-    (dict(dataset="cifar10", data_dir="/nonexistent/cifar"), "'/nonexistent/cifar' does not exist"),
-    (dict(data_dir="/tmp"), "digits.*reads no files"),
-    (dict(augment=True), "augment=True is not allowed for dataset='digits'"),
-    (dict(image_size=16), "image_size=16 does not match.*8x8"),
-    (dict(forget_class=10), r"forget_class=10 is out of range.*\[0, 9\]"),
-    (dict(forget_class=-1), "forget_class=-1 is out of range"),
-    (dict(forget_class=True), "forget_class=True must be an integer"),
-    (dict(train_on="retain"), "train_on='retain'.*forget_class is null"),
-    (dict(train_on="forget"), "train_on='forget' is unknown"),
-    (dict(val_fraction=0.0), "val_fraction=0.0 is out of range"),
-    (dict(val_fraction=0.6), "val_fraction=0.6 is out of range"),
-    (dict(batch_size=0), "batch_size=0 is out of range"),
-    (dict(num_workers=-1), "num_workers=-1 is out of range"),
-    (dict(seed=-3), "seed=-3 is out of range"),
+    ({"dataset": "mnist"}, "dataset='mnist' is unknown"),
+    ({"dataset": "cifar10"}, "needs data_dir"),
+    ({"dataset": "imagefolder"}, "needs data_dir"),
+    ({"dataset": "cifar10", "data_dir": "/nonexistent/cifar"}, "'/nonexistent/cifar' does not exist"),
+    ({"data_dir": "/tmp"}, "digits.*reads no files"),
+    ({"augment": True}, "augment=True is not allowed for dataset='digits'"),
+    ({"resize_to": 16}, "resize_to=16 does not match.*8x8"),
+    ({"forget_class": 10}, r"forget_class=10 is out of range.*\[0, 9\]"),
+    ({"forget_class": -1}, "forget_class=-1 is out of range"),
+    ({"forget_class": True}, "forget_class=True must be an integer"),
+    ({"train_on": "retain"}, "train_on='retain'.*forget_class is null"),
+    ({"train_on": "forget"}, "train_on='forget' is unknown"),
+    ({"val_fraction": 0.0}, "val_fraction=0.0 is out of range"),
+    ({"val_fraction": 0.6}, "val_fraction=0.6 is out of range"),
+    ({"batch_size": 0}, "batch_size=0 is out of range"),
+    ({"num_workers": -1}, "num_workers=-1 is out of range"),
+    ({"seed": -3}, "seed=-3 is out of range"),
 ])
 def test_bad_arguments_raise_user_input_error(kwargs, match):
     _raises(match, **kwargs)
@@ -353,13 +362,14 @@ def test_cifar_missing_file_is_named(cifar10):
     _raises(r"lacks data_batch_3, test_batch.*cifar-10-batches-py/data_batch_1", dataset="cifar10",
             data_dir=str(folder.parent))
     _raises("lacks train, test", dataset="cifar100", data_dir=str(folder.parent))   # wrong dataset folder
-    _raises("image_size=64 does not match.*32x32", dataset="cifar10", data_dir=str(folder), image_size=64)
+    _raises("resize_to=64 does not match.*32x32", dataset="cifar10", data_dir=str(folder), resize_to=64)
 
 
 @pytest.mark.parametrize("corrupt, match", [
     (lambda b: {k: v for k, v in b.items() if k != b"labels"}, r"data_batch_2' has no key b'labels'"),
     (lambda b: {k: v for k, v in b.items() if k != b"data"}, r"data_batch_2' has no key b'data'"),
-    (lambda b: {**b, b"data": b[b"data"][:, :1000]}, r"data_batch_2'.*shape \(20, 1000\), expected \(N, 3072\)"),
+    (lambda b: {**b, b"data": b[b"data"][:, :1000]},
+     r"data_batch_2'.*shape \(20, 1000\), expected \(N, 3072\)"),
     (lambda b: {**b, b"labels": b[b"labels"][:-1]}, r"data_batch_2'.*must be 20 integer labels"),
     (lambda b: {**b, b"labels": [10] * 20}, r"data_batch_2'.*labels outside \[0, 9\]"),
     (lambda b: [b], r"data_batch_2' holds a list, expected a dict"),
@@ -413,5 +423,6 @@ def test_imagefolder_layout_errors(tmp_path, damage, match):
 
 def test_imagefolder_bad_image_size(tmp_path):
     root = make_image_folder(tmp_path)
-    _raises("image_size=0 is out of range", dataset="imagefolder", data_dir=str(root), image_size=0)
-    _raises(r"forget_class=3 is out of range.*\[0, 2\]", dataset="imagefolder", data_dir=str(root), forget_class=3)
+    _raises("resize_to=0 is out of range", dataset="imagefolder", data_dir=str(root), resize_to=0)
+    _raises(r"forget_class=3 is out of range.*\[0, 2\]", dataset="imagefolder", data_dir=str(root),
+            forget_class=3)

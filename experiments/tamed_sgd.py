@@ -1,0 +1,453 @@
+"""Reproduce the tamed-SGD claims at small scale: ``python -m experiments.tamed_sgd``.
+
+Paper: "Taming Stochastic Gradient Descent: Almost Sure Convergence and Saddle-Point Avoidance under
+(L0, L1)-Smoothness", Apidopoulos, Lytras, Mertikopoulos, ICML 2026. The paper is a theory paper whose
+experiments (if any) are unknown; only its abstract was readable, so the update rules are the reconstructed
+forms documented in ``callbacks/sgd_taming.py``, and the claims checked here are those of the abstract:
+tamed schemes converge almost surely under (L0, L1)-smoothness where plain SGD can blow up, and they avoid
+strict saddles.
+
+Three parts, every arm on the same noise (common random numbers):
+
+(a) Synthetic benchmark, vectorised over seeds (one tensor row per run): ``f(x, y) = e^x + e^-x + y^4/4 - y^2/2``,
+    oracle ``g = (1 + 0.5 xi_0) grad f + 0.1 xi_{1:}`` with Gaussian xi, start (8, 1e-3), ``gamma_n = 0.5 /
+    (n + 10)^0.7``, 5000 steps, 100 seeds. Arms: plain SGD, clipped SGD (norm 1), tamed (q = 1), tamed
+    (q = 0.5), dissipative (r = 2, default; a = 1) and dissipative (r = 1, ablation). Metrics: divergence rate
+    (overflow / NaN), fraction within 0.1 of a minimiser (0, +-1), fraction within 0.1 of the saddle (0, 0),
+    final ``||grad f||`` and ``f - f*`` over non-diverged runs. The direction functions, the oracle and the noise
+    are the ones the Lightning path uses.
+(b) The Lightning path (`StochasticOracleModule` + `SGDTaming` + `RobbinsMonroLR` through a `Trainer` in float64)
+    against the vectorised path on a few seeds: the final iterates must agree to round-off.
+(c) A real network: a one-hidden-layer MLP on scikit-learn's digits (inputs / 16, fixed 80/20 split), trained
+    with a constant SGD learning rate large enough that plain SGD blows up, vs clipped, tamed and dissipative
+    SGD; plus plain SGD at a sane learning rate as a reference. The MLP is written on flat parameter vectors so
+    that all seeds train at once with the same direction functions (per-run norms). A run is "nonfinite" when
+    its loss or weights overflow and "failed" when, in addition, its final full-batch train loss is not below
+    ln 10 (uniform guessing): with ReLU at a huge step plain SGD mostly ends in dead or exploded logits rather
+    than in NaN.
+
+Outputs: markdown tables on stdout, ``results/tamed_sgd.json`` (``{"paper", "seeds", "wall_s", "arms": {arm:
+{metric: {"mean", "std"}}}}``; fractions are means of 0/1 indicators with their std; ``*_median`` metrics hold
+the median in "mean" and the median absolute deviation in "std") and ``results/tamed_sgd.png``.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import logging
+import math
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from callbacks.sgd_taming import clipped_direction, dissipative_direction, tamed_direction
+from datamodules.stochastic_oracle import oracle_noise
+from lightning_modules.tamed_sgd import get_objective, sample_objective, state_metrics
+
+PAPER = ("Taming Stochastic Gradient Descent: Almost Sure Convergence and Saddle-Point Avoidance under "
+         "(L0, L1)-Smoothness (Apidopoulos, Lytras, Mertikopoulos, ICML 2026)")
+START = (8.0, 1e-3)
+SIGMA_MULT, SIGMA_ADD = 0.5, 0.1
+BASE_LR, N0, POWER = 0.5, 10.0, 0.7
+NEAR = 0.1
+
+
+# ----------------------------------------------------------------------------- update rules (grad, x, lr) -> d
+def plain_rule(grad, x, lr):
+    return grad
+
+
+def clipped_rule(grad, x, lr, max_norm=1.0):
+    return clipped_direction(grad, max_norm)
+
+
+def tamed_rule(grad, x, lr, lr_power=1.0):
+    return tamed_direction(grad, lr, lr_power)
+
+
+def dissipative_rule(grad, x, lr, restoring_coef=1.0, iterate_power=2.0):
+    return dissipative_direction(grad, x, lr, restoring_coef, iterate_power)
+
+
+SYNTHETIC_RULES = {
+    "plain_sgd": plain_rule,
+    "clipped_sgd": functools.partial(clipped_rule, max_norm=1.0),
+    "tamed": functools.partial(tamed_rule, lr_power=1.0),
+    "tamed_sqrt_lr": functools.partial(tamed_rule, lr_power=0.5),
+    "dissipative_r2": functools.partial(dissipative_rule, restoring_coef=1.0, iterate_power=2.0),
+    "dissipative_r1": functools.partial(dissipative_rule, restoring_coef=1.0, iterate_power=1.0),
+}
+# The same arms as Lightning callbacks (clipping is Lightning's gradient_clip_val, plain SGD has no callback).
+CALLBACK_ARGS = {"tamed": {"scheme": "tamed", "lr_power": 1.0},
+                 "tamed_sqrt_lr": {"scheme": "tamed", "lr_power": 0.5},
+                 "dissipative_r2": {"scheme": "dissipative", "restoring_coef": 1.0, "iterate_power": 2.0},
+                 "dissipative_r1": {"scheme": "dissipative", "restoring_coef": 1.0, "iterate_power": 1.0},
+                 "plain_sgd": None}
+
+
+def robbins_monro_lrs(num_steps: int, base_lr: float = BASE_LR, n0: float = N0, power: float = POWER):
+    """``base_lr (n + n0)^-power`` for n = 0..num_steps-1, the same expression as `RobbinsMonroLR`."""
+    return [base_lr * (n + float(n0)) ** (-float(power)) for n in range(num_steps)]
+
+
+def summarise(values: torch.Tensor) -> dict[str, float] | None:
+    """Mean and std of `values`; None when there is nothing to summarise (the metric is then left out)."""
+    values = values.double()
+    if values.numel() == 0:
+        return None
+    std = values.std().item() if values.numel() > 1 else 0.0
+    return {"mean": values.mean().item(), "std": std}
+
+
+def summarise_median(values: torch.Tensor) -> dict[str, float] | None:
+    if values.numel() == 0:
+        return None
+    median = values.double().median()
+    return {"mean": median.item(), "std": (values.double() - median).abs().median().item()}
+
+
+# ----------------------------------------------------------------------------- (a) synthetic, vectorised
+def simulate(rule, noise: torch.Tensor, lrs: list[float], start=START, objective_name: str = "exp_saddle",
+             sigma_mult: float = SIGMA_MULT, sigma_add: float = SIGMA_ADD, progress: str | None = None):
+    """Run SGD with direction `rule` for every run at once. ``noise``: ``(runs, steps, m, d + 1)`` (float64).
+
+    Mirrors the Lightning path step by step: a run whose sample loss is non-finite is frozen without a step
+    (diverged at step n), a run whose iterate becomes non-finite after step n is frozen (diverged at n + 1).
+    Returns final iterates, divergence flags/steps and per-step exact metrics ``(steps + 1, runs)``.
+    """
+    objective = get_objective(objective_name)
+    runs, steps = noise.shape[0], noise.shape[1]
+    x = torch.as_tensor(start, dtype=noise.dtype).expand(runs, -1).clone()
+    diverged = torch.zeros(runs, dtype=torch.bool)
+    diverged_at = torch.full((runs,), -1, dtype=torch.long)
+    history = {name: torch.empty(steps + 1, runs, dtype=noise.dtype)
+               for name in ("f", "grad_norm", "dist_to_min", "dist_to_saddle")}
+    trajectory = torch.empty(steps + 1, runs, x.shape[-1], dtype=noise.dtype)
+
+    def record(n):
+        for name, value in state_metrics(objective, x).items():
+            history[name][n] = value
+        trajectory[n] = x
+
+    record(0)
+    for n in tqdm(range(steps), desc=progress, disable=progress is None, leave=False):
+        lr = lrs[n]
+        x_grad = x.detach().requires_grad_(True)
+        loss = sample_objective(objective, x_grad, noise[:, n], sigma_mult, sigma_add)
+        (grad,) = torch.autograd.grad(loss.sum(), x_grad)
+        bad_loss = ~diverged & ~torch.isfinite(loss)
+        diverged_at[bad_loss] = n
+        stepping = ~diverged & ~bad_loss
+        diverged |= bad_loss
+        x_next = torch.add(x, rule(grad, x, lr), alpha=-lr)
+        x = torch.where(stepping.unsqueeze(-1), x_next, x)
+        bad_iterate = stepping & ~torch.isfinite(x).all(-1)
+        diverged_at[bad_iterate] = n + 1
+        diverged |= bad_iterate
+        record(n + 1)
+    return {"x": x, "diverged": diverged, "diverged_at": diverged_at, "history": history,
+            "trajectory": trajectory}
+
+
+def stack_noise(seeds, num_steps: int, batch_size: int = 1, dim: int = 2) -> torch.Tensor:
+    return torch.stack([oracle_noise(seed, num_steps, batch_size, dim) for seed in seeds])
+
+
+def synthetic_metrics(result) -> dict[str, dict[str, float]]:
+    final = {name: values[-1] for name, values in result["history"].items()}
+    ok = ~result["diverged"]
+    near_min = ok & (final["dist_to_min"] < NEAR)
+    near_saddle = ok & (final["dist_to_saddle"] < NEAR)
+    hit = result["history"]["dist_to_min"] < NEAR                        # (steps + 1, runs)
+    ever_hit = ok & hit.any(0)
+    first_hit = hit.float().argmax(0)[ever_hit]
+    metrics = {"diverged": summarise(result["diverged"].float()),
+               "near_minimiser": summarise(near_min.float()),
+               "near_saddle": summarise(near_saddle.float()),
+               "final_grad_norm": summarise(final["grad_norm"][ok]),
+               "final_grad_norm_median": summarise_median(final["grad_norm"][ok]),
+               "final_f_gap": summarise(final["f"][ok] - 1.75),
+               "first_step_near_minimiser": summarise(first_hit.double())}
+    return {name: value for name, value in metrics.items() if value is not None}
+
+
+def run_synthetic(num_seeds: int = 100, num_steps: int = 5000, arms=tuple(SYNTHETIC_RULES), progress=True):
+    noise = stack_noise(range(num_seeds), num_steps)
+    lrs = robbins_monro_lrs(num_steps)
+    results = {}
+    for arm in tqdm(arms, desc="(a) synthetic arms", disable=not progress):
+        results[arm] = simulate(SYNTHETIC_RULES[arm], noise, lrs, progress=arm if progress else None)
+    return results
+
+
+# ----------------------------------------------------------------------------- (b) Lightning vs vectorised
+def lightning_final_iterate(arm: str, seed: int, num_steps: int):
+    """Train `StochasticOracleModule` with the arm's callback through a Trainer (float64); return (x, diverged_at)."""
+    from lightning.pytorch import Trainer
+
+    from callbacks.sgd_taming import RobbinsMonroLR, SGDTaming
+    from datamodules.stochastic_oracle import StochasticOracleDataModule
+    from lightning_modules.tamed_sgd import StochasticOracleModule
+
+    trainer = Trainer(max_steps=num_steps, precision="64-true", accelerator="cpu", devices=1, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      num_sanity_val_steps=0, limit_val_batches=0,
+                      callbacks=[SGDTaming(**CALLBACK_ARGS[arm])] if CALLBACK_ARGS[arm] else [])
+    with trainer.init_module():
+        module = StochasticOracleModule(
+            start=START, sigma_mult=SIGMA_MULT, sigma_add=SIGMA_ADD,
+            optimizer=functools.partial(torch.optim.SGD, lr=BASE_LR),
+            lr_scheduler=functools.partial(RobbinsMonroLR, n0=N0, power=POWER))
+    data = StochasticOracleDataModule(dim=2, num_steps=num_steps, batch_size=1, seed=seed)
+    trainer.fit(module, data)
+    return module.x.detach().clone(), int(module.diverged_at_step)
+
+
+def run_lightning_check(seeds=(0, 1, 2), num_steps: int = 1000,
+                        arms=("tamed", "dissipative_r2", "plain_sgd"), progress=True):
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning_modules.tamed_sgd"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    noise = stack_noise(seeds, num_steps)
+    lrs = robbins_monro_lrs(num_steps)
+    rows = {}
+    for arm in tqdm(arms, desc="(b) Lightning vs vectorised", disable=not progress):
+        vectorised = simulate(SYNTHETIC_RULES[arm], noise, lrs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "training_step returned None" after a divergence, deprecations
+            lightning = [lightning_final_iterate(arm, seed, num_steps) for seed in seeds]
+        x_lightning = torch.stack([x for x, _ in lightning])
+        finite = torch.isfinite(x_lightning).all(-1) & torch.isfinite(vectorised["x"]).all(-1)
+        diff = (x_lightning - vectorised["x"]).abs().amax(-1)[finite]
+        rows[arm] = {"max_abs_diff": diff.max().item() if diff.numel() else 0.0,
+                     "diverged_steps_lightning": [step for _, step in lightning],
+                     "diverged_steps_vectorised": vectorised["diverged_at"].tolist()}
+    return rows
+
+
+# ----------------------------------------------------------------------------- (c) MLP on digits
+def load_digits_split(seed: int = 0):
+    from sklearn.datasets import load_digits
+    digits = load_digits()
+    inputs = torch.tensor(digits.data, dtype=torch.float32) / 16.0
+    labels = torch.tensor(digits.target, dtype=torch.long)
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
+    cut = int(0.8 * len(labels))
+    return inputs[order[:cut]], labels[order[:cut]], inputs[order[cut:]], labels[order[cut:]]
+
+
+class FlatMLP:
+    """``in -> hidden (ReLU) -> classes`` evaluated for a batch of runs from flat parameter rows ``(runs, P)``."""
+
+    def __init__(self, inputs: int = 64, hidden: int = 64, classes: int = 10) -> None:
+        self.shapes = [(inputs, hidden), (hidden,), (hidden, classes), (classes,)]
+        self.sizes = [math.prod(shape) for shape in self.shapes]
+        self.num_params = sum(self.sizes)
+
+    def init(self, seeds) -> torch.Tensor:
+        """PyTorch's default Linear init, U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases, per seed."""
+        fan_ins = [self.shapes[0][0], self.shapes[0][0], self.shapes[2][0], self.shapes[2][0]]
+        rows = []
+        for seed in seeds:
+            generator = torch.Generator().manual_seed(seed)
+            rows.append(torch.cat([(torch.rand(size, generator=generator) * 2 - 1) / math.sqrt(fan_in)
+                                   for size, fan_in in zip(self.sizes, fan_ins)]))
+        return torch.stack(rows)
+
+    def logits(self, params: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+        """``params``: ``(runs, P)``; ``inputs``: ``(runs, n, in)``. Returns ``(runs, n, classes)``."""
+        w1, b1, w2, b2 = (chunk.reshape(-1, *shape) for chunk, shape
+                          in zip(params.split(self.sizes, dim=-1), self.shapes))
+        hidden = torch.relu(torch.baddbmm(b1.unsqueeze(1), inputs, w1))
+        return torch.baddbmm(b2.unsqueeze(1), hidden, w2)
+
+    def loss(self, params, inputs, labels) -> torch.Tensor:
+        """Mean cross-entropy per run, ``(runs,)``; ``labels``: ``(runs, n)``."""
+        logits = self.logits(params, inputs)
+        return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape).mean(-1)
+
+
+def train_digits(rule, lr: float, seeds, epochs: int = 20, batch_size: int = 64, data=None):
+    """Constant-lr minibatch SGD with direction `rule`, all seeds at once; diverged runs are frozen."""
+    x_train, y_train, x_test, y_test = data or load_digits_split()
+    model = FlatMLP(inputs=x_train.shape[1])
+    params = model.init(seeds)
+    runs, n_train = len(seeds), len(y_train)
+    diverged = torch.zeros(runs, dtype=torch.bool)
+    curve = []
+    steps_per_epoch = n_train // batch_size
+    for epoch in range(epochs):
+        order = torch.stack([torch.randperm(n_train, generator=torch.Generator().manual_seed(1000 * seed + epoch))
+                             for seed in seeds])                                  # (runs, n_train)
+        for step in range(steps_per_epoch):
+            index = order[:, step * batch_size:(step + 1) * batch_size]
+            params_grad = params.detach().requires_grad_(True)
+            loss = model.loss(params_grad, x_train[index], y_train[index])
+            (grad,) = torch.autograd.grad(loss.sum(), params_grad)
+            stepping = ~diverged & torch.isfinite(loss)
+            diverged |= ~torch.isfinite(loss)
+            params_next = torch.add(params, rule(grad, params, lr), alpha=-lr)
+            params = torch.where(stepping.unsqueeze(-1), params_next, params)
+            diverged |= ~torch.isfinite(params).all(-1)
+            curve.append(torch.where(diverged, torch.nan, loss.detach()))
+    with torch.no_grad():
+        train_loss = model.loss(params, x_train.expand(runs, -1, -1), y_train.expand(runs, -1))
+        predictions = model.logits(params, x_test.expand(runs, -1, -1)).argmax(-1)
+        test_accuracy = (predictions == y_test).float().mean(-1)
+    diverged |= ~torch.isfinite(train_loss)
+    return {"train_loss": train_loss, "test_accuracy": test_accuracy, "diverged": diverged,
+            "curve": torch.stack(curve)}
+
+
+def digits_rules(lr: float):
+    """Arms at a constant learning rate `lr`. The dissipative restoring term needs ``lr * a < 2`` to be stable at a
+    constant step, and taming by ``||x||^(2r)`` is not scale-free (``||x|| ~ 5`` at init), so its settings here
+    (a = 1e-3, r = 2; and a = 0, r = 1) were picked from a small grid, not the synthetic defaults."""
+    return {
+        f"plain_sgd_lr{lr:g}": plain_rule,
+        f"clipped_sgd_lr{lr:g}": functools.partial(clipped_rule, max_norm=1.0),
+        f"tamed_lr{lr:g}": functools.partial(tamed_rule, lr_power=1.0),
+        f"tamed_sqrt_lr_lr{lr:g}": functools.partial(tamed_rule, lr_power=0.5),
+        f"dissipative_r2_a1e-3_lr{lr:g}": functools.partial(dissipative_rule, restoring_coef=1e-3, iterate_power=2.0),
+        f"dissipative_r1_a0_lr{lr:g}": functools.partial(dissipative_rule, restoring_coef=0.0, iterate_power=1.0),
+    }
+
+
+def run_digits(seeds=(0, 1, 2), large_lrs=(5.0, 50.0), reference_lr: float = 0.5, epochs: int = 20,
+               progress=True):
+    data = load_digits_split()
+    arms = {f"plain_sgd_lr{reference_lr:g}": (plain_rule, reference_lr)}
+    for lr in large_lrs:
+        arms.update({name: (rule, lr) for name, rule in digits_rules(lr).items()})
+    results = {}
+    for name, (rule, lr) in tqdm(arms.items(), desc="(c) digits MLP arms", disable=not progress):
+        results[name] = train_digits(rule, lr, list(seeds), epochs=epochs, data=data)
+    return results
+
+
+def digits_metrics(result) -> dict[str, dict[str, float]]:
+    chance = math.log(10.0)
+    loss = result["train_loss"]
+    metrics = {"train_loss": summarise(loss[torch.isfinite(loss)]),
+               "test_accuracy": summarise(result["test_accuracy"]),
+               "nonfinite": summarise(result["diverged"].float()),
+               "failed": summarise((result["diverged"] | ~(loss < chance)).float())}
+    return {name: value for name, value in metrics.items() if value is not None}
+
+
+# ----------------------------------------------------------------------------- reporting
+def fmt(stat: dict[str, float] | None, digits: int = 3) -> str:
+    if stat is None:
+        return "n/a"
+    return f"{stat['mean']:.{digits}g} ± {stat['std']:.{digits - 1}g}"
+
+
+def markdown_table(rows: dict[str, dict[str, dict[str, float]]], columns: list[str]) -> str:
+    lines = ["| arm | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    lines += [f"| {arm} | " + " | ".join(fmt(metrics.get(c)) for c in columns) + " |" for arm, metrics in rows.items()]
+    return "\n".join(lines)
+
+
+def plot(synthetic, digits, path: Path, shown_seeds: int = 5) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(13, 10))
+    grid_x, grid_y = torch.meshgrid(torch.linspace(-1.5, 8.5, 300), torch.linspace(-1.6, 1.6, 200), indexing="xy")
+    surface = get_objective("exp_saddle").value(torch.stack([grid_x, grid_y], -1).double())
+    ax = axes[0, 0]
+    ax.contourf(grid_x, grid_y, torch.log(surface - 1.75 + 1e-2), levels=30, cmap="Greys")
+    for (arm, color) in (("tamed", "tab:blue"), ("dissipative_r2", "tab:orange"), ("clipped_sgd", "tab:green")):
+        trajectory = synthetic[arm]["trajectory"][:, :shown_seeds]
+        for run in range(trajectory.shape[1]):
+            ax.plot(trajectory[:, run, 0], trajectory[:, run, 1], color=color, lw=0.8, alpha=0.7,
+                    label=arm if run == 0 else None)
+    ax.plot([0, 0], [-1, 1], "r*", ms=12, label="minima (0, ±1)")
+    ax.plot([0], [0], "kx", ms=10, label="saddle (0, 0)")
+    ax.set(xlim=(-1.5, 8.5), ylim=(-1.6, 1.6), xlabel="x", ylabel="y",
+           title=f"(a) trajectories from (8, 1e-3), first {shown_seeds} seeds")
+    ax.legend(loc="upper right", fontsize=8)
+    for ax, (name, title) in zip((axes[0, 1], axes[1, 0]), (("f", "median f(x_n) - f* (non-diverged runs)"),
+                                                          ("dist_to_min", "fraction within 0.1 of a minimiser"))):
+        for arm, result in synthetic.items():
+            history = result["history"][name]
+            if name == "f":
+                finite = torch.where(torch.isfinite(history), history - 1.75, torch.nan)
+                curve = finite.nanmedian(dim=1).values
+            else:
+                curve = ((history < NEAR) & ~result["diverged"]).double().mean(1)
+            ax.plot(curve, label=arm)
+        ax.set(xlabel="step n", title=f"(a) {title}", xscale="log")
+        if name == "f":
+            ax.set(yscale="log", ylim=(1e-7, 1e5), title="(a) median f(x_n) - f*, non-diverged runs")
+        ax.legend(fontsize=8)
+    ax = axes[1, 1]
+    colors = {"plain_sgd": "tab:red", "clipped_sgd": "tab:green", "tamed": "tab:blue", "tamed_sqrt_lr": "tab:cyan",
+              "dissipative_r2_a1e-3": "tab:orange", "dissipative_r1_a0": "tab:brown"}
+    for arm, result in digits.items():
+        rule, lr = arm.rsplit("_lr", 1)
+        curve = result["curve"].nanmean(dim=1)
+        smooth = F.avg_pool1d(curve.view(1, 1, -1), 10, stride=1).flatten()
+        style = {"50": "-", "5": "--"}.get(lr, ":")
+        ax.plot(smooth, label=arm, lw=1.0, color=colors[rule], linestyle=style)
+    ax.set(xlabel="SGD step", ylabel="minibatch train loss (mean over seeds, 10-step average)", yscale="log",
+           title="(c) MLP on digits, constant lr: solid lr 50, dashed lr 5, dotted plain lr 0.5")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=100, help="runs of the synthetic benchmark (a)")
+    parser.add_argument("--steps", type=int, default=5000, help="SGD steps of the synthetic benchmark (a)")
+    parser.add_argument("--check-steps", type=int, default=1000, help="steps of the Lightning check (b)")
+    parser.add_argument("--digits-seeds", type=int, default=3, help="seeds of the MLP experiment (c)")
+    parser.add_argument("--out", default="results", help="folder for tamed_sgd.json and tamed_sgd.png")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    started = time.time()
+
+    synthetic = run_synthetic(args.seeds, args.steps)
+    check = run_lightning_check(num_steps=args.check_steps)
+    digits = run_digits(seeds=tuple(range(args.digits_seeds)))
+
+    arms = {f"synthetic/{arm}": synthetic_metrics(result) for arm, result in synthetic.items()}
+    arms.update({f"lightning_check/{arm}": {"max_abs_diff": {"mean": row["max_abs_diff"], "std": 0.0}}
+                 for arm, row in check.items()})
+    arms.update({f"digits/{arm}": digits_metrics(result) for arm, result in digits.items()})
+
+    print(f"\n## (a) {args.seeds} seeds, {args.steps} steps, start (8, 1e-3), gamma_n = 0.5/(n+10)^0.7\n")
+    print(markdown_table({arm: synthetic_metrics(result) for arm, result in synthetic.items()},
+                         ["diverged", "near_minimiser", "near_saddle", "final_grad_norm_median",
+                          "final_f_gap", "first_step_near_minimiser"]))
+    print(f"\n## (b) Lightning path vs vectorised path, seeds 0-2, {args.check_steps} steps, float64\n")
+    print("| arm | max abs diff of final x | diverged at step (Lightning) | diverged at step (vectorised) |")
+    print("|---|---|---|---|")
+    for arm, row in check.items():
+        print(f"| {arm} | {row['max_abs_diff']:.3g} | {row['diverged_steps_lightning']} | "
+              f"{row['diverged_steps_vectorised']} |")
+    print(f"\n## (c) MLP 64-64-10 on digits, {args.digits_seeds} seeds, 20 epochs, constant lr\n")
+    print(markdown_table({arm: digits_metrics(result) for arm, result in digits.items()},
+                         ["train_loss", "test_accuracy", "nonfinite", "failed"]))
+
+    out = Path(args.out)
+    plot(synthetic, digits, out / "tamed_sgd.png")
+    wall = time.time() - started
+    report = {"paper": PAPER, "seeds": args.seeds, "wall_s": wall, "arms": arms}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tamed_sgd.json").write_text(json.dumps(report, indent=2))
+    print(f"\nwrote {out / 'tamed_sgd.json'} and {out / 'tamed_sgd.png'} in {wall:.0f} s")
+    return report
+
+
+if __name__ == "__main__":
+    main()
