@@ -1,4 +1,5 @@
 """Cross-paper tricks that attach to any suitable module; importing registers CLI short names."""
+from callbacks.sgd_taming import RobbinsMonroLR, SGDTaming
 from callbacks.trew import TREWReweighting
 
-__all__ = ["TREWReweighting"]
+__all__ = ["RobbinsMonroLR", "SGDTaming", "TREWReweighting"]

@@ -9,7 +9,8 @@ Protocol per seed (the real modules, trained with Lightning):
 2. three retrained references without the forget class: R (the reference every arm is compared to),
    R2 (a second retrain: the *floor* any method can hope for), A (the CMIA attacker's shadow model);
 3. unlearning arms from the original, 5 epochs each (``ClassUnlearning``): FT, NegGrad+, RL, TREW at the
-   paper default (beta 10, T 0.1), TREW with (beta, T) chosen on the *validation* forget inputs by TV to R,
+   paper default (beta 10, T 0.1), TREW with (beta, T) chosen on the *validation* forget inputs by TV to R
+   (for the paper's weight similarity and for the confusion similarity, beta = 0 among the candidates),
    and the beta = 0 ablation;
 4. metrics on held-out data: forget / retain test accuracy, forget-train accuracy, MIA efficacy, TV to R
    on test forget inputs, CMIA detection rate and its gap to R.
@@ -38,8 +39,8 @@ from lightning_modules.classifier import ImageClassifier
 from lightning_modules.trew import (CMIAttack, ClassUnlearning, mia_efficacy, neighbour_classes,
                                     predict_probabilities, total_variation)
 
-BETA_GRID = (0.0, 1.0, 3.0, 10.0)
-TEMPERATURE_GRID = (0.1, 1.0)
+BETA_GRID = (0.0, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
+TEMPERATURE_GRID = (0.1, 0.3, 1.0, 3.0)
 METRICS = ("forget_acc", "retain_acc", "forget_train_acc", "mia_efficacy", "tv_to_retrain", "cmia_rate",
            "cmia_gap")
 
@@ -90,7 +91,11 @@ class Evaluator:
 
     def metrics(self, model) -> dict[str, float]:
         out = self.outputs(model)
-        accuracy = lambda key: float((out[key][0].argmax(-1) == out[key][1]).float().mean())  # noqa: E731
+
+        def accuracy(key: str) -> float:
+            probs, labels = out[key]
+            return float((probs.argmax(-1) == labels).float().mean())
+
         rate = self.attack.detection_rate(*out["test"])
         return {
             "forget_acc": 100 * accuracy("test_forget"),
@@ -105,11 +110,11 @@ class Evaluator:
 
 
 def unlearn(method: str, checkpoint: str, data, forget_class: int, epochs: int, seed: int,
-            forget_weight: float = 1.0, beta: float | None = None, temperature: float | None = None):
+            forget_weight: float = 1.0, **trew_args):
     seed_everything(seed, verbose=False)
     model = ClassUnlearning(forget_class=forget_class, method=method, forget_weight=forget_weight,
                             backbone="mlp", hidden_dim=128, optimizer=adam, init_from=checkpoint)
-    callbacks = [TREWReweighting(beta=beta, temperature=temperature)] if method == "trew" else []
+    callbacks = [TREWReweighting(**trew_args)] if method == "trew" else []
     return fit(model, data, epochs, callbacks)
 
 
@@ -128,22 +133,56 @@ def run_seed(seed: int, args) -> dict[str, dict[str, float]]:
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = os.path.join(tmp, "original.ckpt")
         torch.save({"state_dict": original.state_dict()}, checkpoint)
-        results = {"original": evaluator.metrics(original), "retrain (2nd seed, floor)": evaluator.metrics(second_retrain)}
-        run = lambda method, **kw: unlearn(method, checkpoint, data_all, f, args.unlearn_epochs, seed, **kw)  # noqa
+        results = {"original": evaluator.metrics(original),
+                   "retrain (2nd seed, floor)": evaluator.metrics(second_retrain)}
+
+        def run(method: str, **kwargs):
+            return unlearn(method, checkpoint, data_all, f, args.unlearn_epochs, seed, **kwargs)
+
         results["FT"] = evaluator.metrics(run("finetune"))
         results["NegGrad+"] = evaluator.metrics(run("neggrad_plus", forget_weight=args.neggrad_weight))
         results["RL"] = evaluator.metrics(run("random_labels"))
-        grid = {}
-        for beta, temperature in itertools.product(BETA_GRID, TEMPERATURE_GRID):
-            if beta == 0 and temperature != TEMPERATURE_GRID[0]:
-                continue  # beta = 0 ignores the similarity
-            model = run("trew", beta=beta, temperature=temperature)
-            grid[(beta, temperature)] = (evaluator.validation_tv(model), model)
-        best = min(grid, key=lambda key: grid[key][0])
-        results["TREW paper default (beta 10, T 0.1)"] = evaluator.metrics(grid[(10.0, 0.1)][1])
-        results["TREW val-selected"] = {**evaluator.metrics(grid[best][1]), "beta": best[0], "temperature": best[1]}
-        results["TREW beta 0 (ablation)"] = evaluator.metrics(grid[(0.0, 0.1)][1])
+        # (similarity source, beta, T) -> (validation TV to R, model); beta = 0 ignores the similarity
+        grid = {("weights", 0.0, 1.0): None}
+        grid.update({(source, beta, temperature): None for source in ("weights", "confusion")
+                     for beta, temperature in itertools.product(BETA_GRID[1:], TEMPERATURE_GRID)})
+        for source, beta, temperature in grid:
+            model = run("trew", beta=beta, temperature=temperature, similarity=source)
+            grid[(source, beta, temperature)] = (evaluator.validation_tv(model), model)
+        results["diagnostic: similarity vs retrained"] = similarity_diagnostic(original, evaluator, f)
+        results["TREW paper default (beta 10, T 0.1)"] = evaluator.metrics(grid[("weights", 10.0, 0.1)][1])
+        for source in ("weights", "confusion"):
+            candidates = [key for key in grid if key[0] == source or key[1] == 0.0]
+            best = min(candidates, key=lambda key: grid[key][0])
+            results[f"TREW {source} similarity, val-selected"] = {
+                **evaluator.metrics(grid[best][1]), "beta": best[1], "temperature": best[2]}
+        results["TREW beta 0 (ablation)"] = evaluator.metrics(grid[("weights", 0.0, 1.0)][1])
     return results
+
+
+def similarity_diagnostic(original, evaluator: Evaluator, forget_class: int) -> dict[str, float]:
+    """Does TREW's weight similarity point where a retrained model sends forget inputs?
+
+    Spearman correlation over j != f between s (T = 1) and R's mean probability on test forget inputs, and
+    whether their top classes agree. Also the TV between R's and the renormalised original's *mean*
+    distributions: how much the beta = 0 target already knows.
+    """
+    from scipy.stats import spearmanr
+
+    from lightning_modules.classifier import final_linear
+    from lightning_modules.trew import class_similarity
+
+    similarity = class_similarity(final_linear(original.net).weight.detach(), forget_class, temperature=1.0)
+    reference_mean = evaluator.reference["test_forget"][0].mean(0)
+    original_probs = predict_probabilities(original, evaluator.data.forget_dataloader("test"))[0]
+    original_probs[:, forget_class] = 0
+    renormalised_mean = (original_probs / original_probs.sum(-1, keepdim=True)).mean(0)
+    others = [j for j in range(len(similarity)) if j != forget_class]
+    return {
+        "spearman": float(spearmanr(similarity[others], reference_mean[others]).statistic),
+        "top_class_agrees": float(similarity.argmax() == reference_mean.argmax()),
+        "tv_mean_renormalised_original": float(0.5 * (renormalised_mean - reference_mean).abs().sum()),
+    }
 
 
 def summarise(per_seed: list[dict]) -> dict[str, dict[str, dict[str, float]]]:
@@ -160,6 +199,8 @@ def markdown_table(arms: dict) -> str:
     header = "| arm | " + " | ".join(METRICS) + " |"
     lines = [header, "|" + "---|" * (len(METRICS) + 1)]
     for arm, metrics in arms.items():
+        if arm.startswith("diagnostic"):
+            continue
         cells = [f"{metrics[m]['mean']:.3f} ± {metrics[m]['std']:.3f}" if m == "tv_to_retrain"
                  else f"{metrics[m]['mean']:.1f} ± {metrics[m]['std']:.1f}" for m in METRICS]
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
@@ -171,7 +212,7 @@ def plot(arms: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [a for a in arms if a != "original"]
+    names = [a for a in arms if a != "original" and not a.startswith("diagnostic")]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for ax, metric, label in zip(axes, ("tv_to_retrain", "cmia_gap", "retain_acc"),
                                  ("TV to retrained model (lower = closer)", "CMIA gap to retrained, points",
@@ -190,7 +231,7 @@ def plot(arms: dict, path: str) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--forget-class", type=int, default=8)
     parser.add_argument("--original-epochs", type=int, default=40)
     parser.add_argument("--unlearn-epochs", type=int, default=5)
@@ -212,8 +253,13 @@ def main(argv: list[str] | None = None) -> dict:
         json.dump(result, f, indent=2)
     plot(arms, os.path.join(args.out, "trew.png"))
     print(markdown_table(arms))
-    selected = [(s["TREW val-selected"]["beta"], s["TREW val-selected"]["temperature"]) for s in per_seed]
-    print(f"\nval-selected (beta, T) per seed: {selected}; wall {result['wall_s']:.0f} s")
+    diagnostic = arms["diagnostic: similarity vs retrained"]
+    print(f"\nwall {result['wall_s']:.0f} s")
+    for source in ("weights", "confusion"):
+        arm = f"TREW {source} similarity, val-selected"
+        print(f"{arm}: (beta, T) per seed {[(s[arm]['beta'], s[arm]['temperature']) for s in per_seed]}")
+    print("similarity diagnostic (mean ± std): " + ", ".join(
+        f"{k} {v['mean']:.2f} ± {v['std']:.2f}" for k, v in diagnostic.items()))
     return result
 
 

@@ -72,6 +72,20 @@ def class_similarity(weight: torch.Tensor, forget_class: int, temperature: float
     return logits.softmax(0).to(weight.dtype)
 
 
+def confusion_similarity(mean_probs: torch.Tensor, forget_class: int, temperature: float) -> torch.Tensor:
+    """Alternative similarity s (K,) from the original model's *confusions*, with s_f = 0.
+
+    ``mean_probs`` is the original model's mean softmax over forget-class inputs; with f removed and
+    renormalised it is c, and s = softmax_{j != f}(log c_j / T), i.e. s ∝ c^(1/T) (T = 1 gives s = c).
+    Not the paper's similarity (which reads the final-layer weights); the paper card lists it as a cheap
+    alternative, and on digits it points at the retrained model's neighbours where the weights do not.
+    """
+    num_classes = mean_probs.shape[0]
+    log_confusion = mean_probs.double().clamp_min(1e-12).log() / temperature
+    log_confusion = log_confusion.masked_fill(torch.arange(num_classes) == forget_class, float("-inf"))
+    return log_confusion.softmax(0).to(mean_probs.dtype)
+
+
 def tilted_target(original_logits: torch.Tensor, logit_offset: torch.Tensor, forget_class: int) -> torch.Tensor:
     """q(x) ∝ p(x) exp(beta s) over j != f, q_f = 0, from the original logits; ``logit_offset = beta * s``.
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from lightning_modules.errors import UserInputError
-from lightning_modules.trew import (CMIAttack, ClassUnlearning, class_similarity, mia_efficacy,
-                                    neighbour_classes, tilted_target, total_variation)
+from lightning_modules.trew import (CMIAttack, ClassUnlearning, class_similarity, confusion_similarity,
+                                    mia_efficacy, neighbour_classes, tilted_target, total_variation)
 
 
 def test_tilted_target_matches_hand_computation():
@@ -43,6 +43,14 @@ def test_class_similarity_hand_example_with_cosines():
     s = class_similarity(weight, forget_class=0, temperature=1.0)
     expected = torch.tensor([0.0, 1.0, math.exp(-1.0), 1.0])
     torch.testing.assert_close(s, expected / expected.sum())
+
+
+def test_confusion_similarity_hand_values():
+    mean_probs = torch.tensor([0.6, 0.3, 0.1, 0.0])  # forget class 0
+    torch.testing.assert_close(confusion_similarity(mean_probs, 0, temperature=1.0),
+                               torch.tensor([0.0, 0.75, 0.25, 0.0]), atol=1e-6, rtol=0)
+    sharp = confusion_similarity(mean_probs, 0, temperature=0.5)  # s ∝ c^2 = (0.5625, 0.0625)
+    torch.testing.assert_close(sharp, torch.tensor([0.0, 0.9, 0.1, 0.0]), atol=1e-6, rtol=0)
 
 
 def test_trew_forget_loss_is_kl_to_the_target():
