@@ -11,6 +11,7 @@ exit status 2, not a library traceback.
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -46,11 +47,22 @@ class RunConfigSaver(SaveConfigCallback):
             os.makedirs(run_dir, exist_ok=True)
             self.parser.save(self.config, os.path.join(run_dir, self.config_filename), skip_none=False,
                              overwrite=True, multifile=False)
-            if isinstance(logger, WandbLogger):
-                config = self.parser.dump(self.config, skip_none=False, format="json")
-                logger.experiment.config.update({"lightning_cli": config}, allow_val_change=True)
+            if isinstance(logger, WandbLogger):  # one W&B config entry per dotted key, as sweeps name them
+                config = json.loads(self.parser.dump(self.config, skip_none=False, format="json"))
+                logger.experiment.config.update(_flatten(config), allow_val_change=True)
             self.already_saved = True
         self.already_saved = trainer.strategy.broadcast(self.already_saved)
+
+
+def _flatten(config: dict, prefix: str = "") -> dict:
+    """{"model": {"init_args": {"lr": 1}}} -> {"model.init_args.lr": 1}; lists stay values."""
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def _find_user_error(err: BaseException | None) -> UserInputError | None:

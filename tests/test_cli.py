@@ -31,6 +31,8 @@ def test_config_is_saved_into_each_wandb_run_and_a_second_run_does_not_crash(tmp
         cli = run_cli("fit", "--config", QUICK, "--config", config_path("configs/logger/wandb.yaml"),
                       "--trainer.max_steps=1", "--trainer.limit_val_batches=1", "--trainer.enable_progress_bar=false")
         run_dirs.append(cli.trainer.logger.experiment.dir)
+        assert cli.trainer.logger.experiment.config["model.class_path"].endswith("ImageClassifier")
+        assert cli.trainer.logger.experiment.config["model.init_args.hidden_dim"] == 128
         wandb.finish()
     assert run_dirs[0] != run_dirs[1]
     for run_dir in run_dirs:

@@ -170,3 +170,14 @@ def test_sweep_file_is_valid_and_every_sampled_command_parses(sweep_file):
         runs.append(suggestion)
     assert runs, f"{sweep_file}: the sweep engine proposed no run"
     assert all(math.isfinite(r.summary_metrics[sweep["metric"]["name"]]) for r in runs)
+
+
+@pytest.mark.parametrize("group", ["configs/trainer/cpu.yaml", "configs/trainer/gpu.yaml",
+                                   "configs/trainer/ddp.yaml", "configs/logger/csv.yaml",
+                                   "configs/logger/wandb.yaml"])
+def test_trainer_and_logger_groups_compose_with_every_paper_config(group):
+    for config in PAPER_CONFIGS + QUICK_CONFIGS:
+        cli = run_cli("fit", "--config", config_path(config), "--config", config_path(group), cli_class=ParseOnlyCLI)
+        trainer = cli.config["fit"]["trainer"]
+        if group.endswith("gpu.yaml"):
+            assert trainer["precision"] == "bf16-mixed" and trainer["strategy"] == "ddp" and trainer["devices"] == -1

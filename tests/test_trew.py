@@ -130,3 +130,16 @@ def test_mia_efficacy_calls_confident_inputs_members():
     members, non_members = (noisy(confident), labels), (noisy(unsure), labels)
     assert mia_efficacy(members, non_members, (noisy(unsure), labels)) > 0.9   # forgotten: looks unseen
     assert mia_efficacy(members, non_members, (noisy(confident), labels)) < 0.1
+
+
+@pytest.mark.slow
+def test_experiment_claim_at_reduced_size(tmp_path):
+    """TREW (val-selected) is closer to retraining than FT, NegGrad+ and RL, at the retrained retain accuracy."""
+    from experiments.trew import main
+
+    arms = main(["--seeds", "2", "--out", str(tmp_path)])["arms"]
+    trew = arms["TREW confusion similarity, val-selected"]
+    for baseline in ("FT", "NegGrad+", "RL"):
+        assert trew["tv_to_retrain"]["mean"] < arms[baseline]["tv_to_retrain"]["mean"], baseline
+    assert abs(trew["retain_acc"]["mean"] - arms["retrain (2nd seed, floor)"]["retain_acc"]["mean"]) < 2.0
+    assert (tmp_path / "trew.json").is_file() and (tmp_path / "trew.png").is_file()
