@@ -56,37 +56,8 @@ def _check_cutoffs(ks: Sequence[int]) -> tuple[int, ...]:
     return tuple(sorted(set(ks)))
 
 
-class LeaveOneOutMetrics(Metric):
-    """Recall@K (= HR@K) and NDCG@K from leave-one-out ranks; ``compute()`` returns ``{"recall@10": ...}``."""
-
-    full_state_update = False
-
-    def __init__(self, ks: Sequence[int] = (10, 20)) -> None:
-        super().__init__()
-        self.ks = _check_cutoffs(ks)
-        self.add_state("hits", torch.zeros(len(self.ks), dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("ndcg", torch.zeros(len(self.ks), dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("count", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
-
-    def update(self, ranks: Tensor) -> None:
-        cutoffs = torch.tensor(self.ks, device=ranks.device).view(-1, 1)
-        inside = (ranks.view(1, -1) < cutoffs).double()
-        gain = 1.0 / torch.log2(ranks.double() + 2.0)
-        self.hits += inside.sum(1)
-        self.ndcg += (inside * gain.view(1, -1)).sum(1)
-        self.count += ranks.numel()
-
-    def compute(self) -> dict[str, Tensor]:
-        count = self.count.clamp_min(1)
-        out = {}
-        for i, k in enumerate(self.ks):
-            out[f"recall@{k}"] = (self.hits[i] / count).float()
-            out[f"ndcg@{k}"] = (self.ndcg[i] / count).float()
-        return out
-
-
-class TopKMetrics(Metric):
-    """Recall@K and NDCG@K for several held-out items per user, from masked scores and a test-item mask."""
+class _CutoffMetrics(Metric):
+    """Per-cutoff sums of Recall@K and NDCG@K over users, and the user count (all summed across processes)."""
 
     full_state_update = False
 
@@ -96,6 +67,30 @@ class TopKMetrics(Metric):
         self.add_state("recall", torch.zeros(len(self.ks), dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("ndcg", torch.zeros(len(self.ks), dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("count", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+
+    def compute(self) -> dict[str, Tensor]:
+        count = self.count.clamp_min(1)
+        out = {}
+        for i, k in enumerate(self.ks):
+            out[f"recall@{k}"] = (self.recall[i] / count).float()
+            out[f"ndcg@{k}"] = (self.ndcg[i] / count).float()
+        return out
+
+
+class LeaveOneOutMetrics(_CutoffMetrics):
+    """Recall@K (= HR@K) and NDCG@K from leave-one-out ranks; ``compute()`` returns ``{"recall@10": ...}``."""
+
+    def update(self, ranks: Tensor) -> None:
+        cutoffs = torch.tensor(self.ks, device=ranks.device).view(-1, 1)
+        inside = (ranks.view(1, -1) < cutoffs).double()
+        gain = 1.0 / torch.log2(ranks.double() + 2.0)
+        self.recall += inside.sum(1)
+        self.ndcg += (inside * gain.view(1, -1)).sum(1)
+        self.count += ranks.numel()
+
+
+class TopKMetrics(_CutoffMetrics):
+    """Recall@K and NDCG@K for several held-out items per user, from masked scores and a test-item mask."""
 
     def update(self, scores: Tensor, test_items: Tensor) -> None:
         """``scores`` (B, N) with known items already at -inf; ``test_items`` (B, N) bool."""
@@ -114,11 +109,3 @@ class TopKMetrics(Metric):
             self.recall[i] += (found[:, k - 1] / n_test).sum()
             self.ndcg[i] += (dcg[:, k - 1] / ideal[(n_test.clamp(max=k) - 1)]).sum()
         self.count += len(n_test)
-
-    def compute(self) -> dict[str, Tensor]:
-        count = self.count.clamp_min(1)
-        out = {}
-        for i, k in enumerate(self.ks):
-            out[f"recall@{k}"] = (self.recall[i] / count).float()
-            out[f"ndcg@{k}"] = (self.ndcg[i] / count).float()
-        return out
