@@ -45,10 +45,10 @@ class RunConfigSaver(SaveConfigCallback):
             logger = trainer.logger
             run_dir = logger.experiment.dir if isinstance(logger, WandbLogger) else log_dir
             os.makedirs(run_dir, exist_ok=True)
-            self.parser.save(self.config, os.path.join(run_dir, self.config_filename), skip_none=False,
-                             overwrite=True, multifile=False)
+            self.parser.save(self.config, os.path.join(run_dir, self.config_filename), overwrite=True,
+                             multifile=False)
             if isinstance(logger, WandbLogger):  # one W&B config entry per dotted key, as sweeps name them
-                config = json.loads(self.parser.dump(self.config, skip_none=False, format="json"))
+                config = json.loads(self.parser.dump(self.config, format="json"))
                 logger.experiment.config.update(_flatten(config), allow_val_change=True)
             self.already_saved = True
         self.already_saved = trainer.strategy.broadcast(self.already_saved)

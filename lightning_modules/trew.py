@@ -153,11 +153,11 @@ class ClassUnlearning(ImageClassifier):
                 raise UserInputError(f"reference_from '{reference_from}' is not a classifier with this "
                                      f"architecture ({problems}).")
         if stage == "fit" and self.hparams.method == "trew" and not self.trainer.ckpt_path:
-            self.original.load_state_dict(self.net.state_dict())
             if self.init_from is None:
                 raise UserInputError("TREW unlearns a trained model: set model.init_args.init_from to the "
                                      "original classifier's checkpoint (train it with "
                                      "configs/trew/classifier_quick.yaml).")
+            self.original.load_state_dict(self.net.state_dict())
 
     def train(self, mode: bool = True) -> "ClassUnlearning":
         """Frozen models stay in eval mode whatever Lightning switches (no dropout, no BatchNorm updates)."""
@@ -207,15 +207,18 @@ class ClassUnlearning(ImageClassifier):
         loss = getattr(self, f"{stage}_loss")
         loss(F.cross_entropy(logits, labels, reduction="none"))
         self.log(f"{stage}/loss", loss)
+        # update only with examples present, but log every step: under DDP a process whose shard lacks a
+        # class must still join the epoch-end reduction of the metric
         for part, mask in (("retain", ~is_forget), ("forget", is_forget)):
             metric = getattr(self, f"{stage}_{part}_acc")
             if mask.any():
-                metric(logits[mask], labels[mask])
-                self.log(f"{stage}/{part}_acc", metric, prog_bar=part == "retain")
-        if stage == "val" and hasattr(self, "reference") and is_forget.any():
-            reference = self.reference(images[is_forget]).float().softmax(-1)
-            per_input_tv = 0.5 * (logits[is_forget].float().softmax(-1) - reference).abs().sum(-1)
-            self.val_tv_to_reference(per_input_tv)
+                metric.update(logits[mask], labels[mask])
+            self.log(f"{stage}/{part}_acc", metric, prog_bar=part == "retain")
+        if stage == "val" and hasattr(self, "reference"):
+            if is_forget.any():
+                reference = self.reference(images[is_forget]).float().softmax(-1)
+                per_input_tv = 0.5 * (logits[is_forget].float().softmax(-1) - reference).abs().sum(-1)
+                self.val_tv_to_reference.update(per_input_tv)
             self.log("val/tv_to_reference", self.val_tv_to_reference)
 
 
