@@ -68,21 +68,26 @@ def read_recbole_inter(path: str) -> Interactions:
     return Interactions(user_ids, item_ids, np.asarray(stamps) if t_col is not None else None, num_users, num_items)
 
 
+def iter_fields(path: str):
+    """Yield ``(line_number, whitespace-separated fields)`` of every non-blank line of a text file."""
+    with open(path, encoding="utf-8") as f:
+        for line_number, line in enumerate(f, start=1):
+            fields = line.split()
+            if fields:  # blank lines carry no interaction
+                yield line_number, fields
+
+
 def read_pairs(path: str, field_counts: tuple[int, ...] = (2, 3)) -> Interactions:
     """Whitespace-separated ``user item`` lines (SASRec format; or ``user item 1`` triplets), in file order."""
     if not os.path.isfile(path):
         raise UserInputError(f"'{path}' does not exist: expected whitespace-separated 'user item' lines.")
     users, items = [], []
-    with open(path, encoding="utf-8") as f:
-        for line_number, line in enumerate(f, start=1):
-            fields = line.split()
-            if not fields:
-                continue  # blank lines carry no interaction
-            if len(fields) not in field_counts:
-                raise UserInputError(f"{path}, line {line_number}: expected {' or '.join(map(str, field_counts))} "
-                                     f"whitespace-separated fields ('user item'), got {len(fields)}.")
-            users.append(fields[0])
-            items.append(fields[1])
+    for line_number, fields in iter_fields(path):
+        if len(fields) not in field_counts:
+            raise UserInputError(f"{path}, line {line_number}: expected {' or '.join(map(str, field_counts))} "
+                                 f"whitespace-separated fields ('user item'), got {len(fields)}.")
+        users.append(fields[0])
+        items.append(fields[1])
     if not users:
         raise UserInputError(f"{path} holds no interactions.")
     user_ids, num_users = _contiguous(users)
