@@ -328,8 +328,9 @@ def _csr(users: np.ndarray, items: np.ndarray, num_users: int) -> tuple[np.ndarr
 def _hash_uniform(seed: int, epoch: np.ndarray, edge: np.ndarray, attempt: int, n: int) -> np.ndarray:
     """Counter-based uniform integers in [0, n): splitmix64 of (seed, epoch, edge, attempt)."""
     with np.errstate(over="ignore"):
+        salt = np.uint64((attempt * 0x2545F4914F6CDD1D + 1) % 2**64)  # Python ints are unbounded: wrap first
         x = (np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15) + epoch.astype(np.uint64) * np.uint64(0xBF58476D1CE4E5B9)
-             + edge.astype(np.uint64) * np.uint64(0x94D049BB133111EB) + np.uint64(attempt * 0x2545F4914F6CDD1D + 1))
+             + edge.astype(np.uint64) * np.uint64(0x94D049BB133111EB) + salt)
         for _ in range(2):
             x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
             x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)

@@ -122,7 +122,9 @@ class SequentialRecDataModule(LightningDataModule):
         data_dir: folder of the file sources. dataset: file stem (``<dataset>.inter`` / ``<dataset>.txt``);
             None = the only such file in data_dir.
         train_file: RSIR training file inside data_dir (``train.pth``, or a released ``train_1th.pth`` ...).
-        regime / num_users / num_items / num_clusters / min_length / max_length: the synthetic generator.
+        regime / synthetic_users / synthetic_items / synthetic_clusters / synthetic_min_length /
+            synthetic_max_length: the synthetic generator (named apart from the model's ``num_items``, which
+            Lightning merges with these hyper-parameters; the data's item count is the ``num_items`` attribute).
         seed: generator seed and the seed of the epoch shuffle.
         max_len: window length (most recent items kept).
         batch_size / eval_batch_size / num_workers: loaders.
@@ -132,8 +134,9 @@ class SequentialRecDataModule(LightningDataModule):
 
     def __init__(self, source: Literal["synthetic", "recbole", "sasrec_txt", "rsir_pth", "movielens100k"] = "synthetic",
                  data_dir: str | None = None, dataset: str | None = None, train_file: str = "train.pth",
-                 regime: str = "setlike", num_users: int = 1500, num_items: int = 400, num_clusters: int = 8,
-                 min_length: int = 4, max_length: int = 10, seed: int = 0, max_len: int = 20,
+                 regime: str = "setlike", synthetic_users: int = 1500, synthetic_items: int = 400,
+                 synthetic_clusters: int = 8, synthetic_min_length: int = 4, synthetic_max_length: int = 10,
+                 seed: int = 0, max_len: int = 20,
                  batch_size: int = 64, eval_batch_size: int = 512, num_workers: int = 0,
                  synthetic_from: str | None = None, max_total_sequences: int = 200_000) -> None:
         super().__init__()
@@ -141,16 +144,18 @@ class SequentialRecDataModule(LightningDataModule):
             raise UserInputError(f"data source {source!r} is unknown: choose one of {', '.join(SOURCES)}.")
         if regime not in REGIMES:
             raise UserInputError(f"regime={regime!r} is unknown: choose 'setlike' or 'markov'.")
-        for name, value, low in (("num_users", num_users, 1), ("num_items", num_items, 2),
-                                 ("num_clusters", num_clusters, 1), ("min_length", min_length, 3),
+        for name, value, low in (("synthetic_users", synthetic_users, 1), ("synthetic_items", synthetic_items, 2),
+                                 ("synthetic_clusters", synthetic_clusters, 1),
+                                 ("synthetic_min_length", synthetic_min_length, 3),
                                  ("max_len", max_len, 1), ("batch_size", batch_size, 1),
                                  ("eval_batch_size", eval_batch_size, 1), ("num_workers", num_workers, 0),
                                  ("max_total_sequences", max_total_sequences, 1)):
             check_range(name, value, low)
-        check_range("max_length", max_length, min_length)
-        if source == "synthetic" and num_items // num_clusters < 4:
-            raise UserInputError(f"num_items={num_items} gives fewer than 4 items per cluster with "
-                                 f"num_clusters={num_clusters}; each item needs 3 successors in its cluster.")
+        check_range("synthetic_max_length", synthetic_max_length, synthetic_min_length)
+        if source == "synthetic" and synthetic_items // synthetic_clusters < 4:
+            raise UserInputError(f"synthetic_items={synthetic_items} gives fewer than 4 items per cluster with "
+                                 f"synthetic_clusters={synthetic_clusters}; each item needs 3 successors in its "
+                                 "cluster.")
         if source in ("recbole", "sasrec_txt", "rsir_pth") and not data_dir:
             raise UserInputError(f"source={source!r} reads local files: set data.init_args.data_dir.")
         self.save_hyperparameters()
@@ -158,8 +163,9 @@ class SequentialRecDataModule(LightningDataModule):
         self.batch_size, self.eval_batch_size, self.num_workers = batch_size, eval_batch_size, num_workers
         self.max_total_sequences = max_total_sequences
         self.dropped_users = 0
-        train, valid, test, self.num_items = self._load(source, data_dir, dataset, train_file, regime, num_users,
-                                                        num_items, num_clusters, min_length, max_length, seed)
+        train, valid, test, self.num_items = self._load(
+            source, data_dir, dataset, train_file, regime, synthetic_users, synthetic_items, synthetic_clusters,
+            synthetic_min_length, synthetic_max_length, seed)
         self.original_sequences: list[Tensor] = train
         self.training_sequences: list[Tensor] = list(train)
         self.valid_history, self.valid_target = left_pad([h for h, _ in valid], max_len), \

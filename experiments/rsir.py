@@ -88,7 +88,7 @@ def train(datamodule, seed: int, backbone: str = "sasrec", dim: int = 32, max_st
 
 def run_setting(regime: str, seed: int, bar) -> dict[str, dict]:
     out = {}
-    data = SequentialRecDataModule(regime=regime, num_users=NUM_USERS, num_items=NUM_ITEMS, max_len=MAX_LEN,
+    data = SequentialRecDataModule(regime=regime, synthetic_users=NUM_USERS, synthetic_items=NUM_ITEMS, max_len=MAX_LEN,
                                    batch_size=64, seed=seed, max_total_sequences=10 ** 6)
     base, out["base"] = train(data, 1000 * seed)
     bar.update()

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     sizes = PAPER_SCALE if args.paper_scale else QUICK
     batch = sizes["batch_size"]
     torch.set_num_threads(1)
-    data = SequentialRecDataModule(num_users=1500, max_len=sizes["max_len"], batch_size=batch, seed=0)
+    data = SequentialRecDataModule(synthetic_users=1500, max_len=sizes["max_len"], batch_size=batch, seed=0)
     out = {"sizes": sizes}
     # ---- training
     clock = Clock()

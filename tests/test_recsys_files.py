@@ -1,6 +1,8 @@
 """Readers of public recommendation file formats: ids, order and every error path."""
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 
@@ -42,3 +44,17 @@ def test_pairs_keep_file_order_and_reject_bad_lines(tmp_path):
         read_pairs(str(path))
     with pytest.raises(UserInputError, match="does not exist"):
         read_pairs(str(tmp_path / "missing.txt"))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("recbole") is None,
+                    reason="optional real-data smoke test: pip install --no-deps recbole (ships MovieLens-100k)")
+def test_movielens_100k_smoke():
+    """MovieLens-100k from an installed recbole wheel (never vendored): both recommendation datamodules read it."""
+    from datamodules.interaction_graph import GraphRecDataModule
+    from datamodules.sequences import SequentialRecDataModule
+
+    sequences = SequentialRecDataModule(source="movielens100k")
+    assert (sequences.num_users, sequences.num_items) == (943, 1682)
+    graph = GraphRecDataModule(source="movielens100k")
+    graph.setup("fit")
+    assert graph.num_users == 943 and 1600 <= graph.num_items <= 1682  # items unseen in train are dropped

@@ -104,7 +104,7 @@ def reference_generation(score_next, sequences, m, tau, p, min_len, max_len, coi
 @pytest.mark.parametrize("tau", [5, math.inf])
 def test_batched_generation_equals_reference_loop(p, tau):
     torch.manual_seed(0)
-    data = SequentialRecDataModule(num_users=80, num_items=40, num_clusters=4, max_len=8, seed=3)
+    data = SequentialRecDataModule(synthetic_users=80, synthetic_items=40, synthetic_clusters=4, max_len=8, seed=3)
     model = SequentialRecommender(num_items=40, hidden_dim=16, num_blocks=1, max_len=8, dropout=0.0).eval()
     with torch.no_grad():
         batched = [g.tolist() for g in generate_sequences(model.score_next, data.training_sequences, m=3, tau=tau,
@@ -166,8 +166,8 @@ def test_rsir_pth_source(tmp_path):
     (dict(source="recbole"), "set data.init_args.data_dir"),
     (dict(source="recbole", data_dir="/nonexistent"), "is not a folder"),
     (dict(source="rsir_pth", data_dir="."), "train.pth"),
-    (dict(num_items=10, num_clusters=8), "fewer than 4 items per cluster"),
-    (dict(min_length=2), "min_length=2 is out of range"),
+    (dict(synthetic_items=10, synthetic_clusters=8), "fewer than 4 items per cluster"),
+    (dict(synthetic_min_length=2), "synthetic_min_length=2 is out of range"),
     (dict(synthetic_from="missing.txt"), "does not exist"),
 ])
 def test_datamodule_errors(kwargs, message):
@@ -183,15 +183,15 @@ def test_malformed_files(tmp_path):
         SequentialRecDataModule(source="sasrec_txt", data_dir=str(tmp_path))
     (tmp_path / "syn.txt").write_text("1 2 3\n4 x\n")
     with pytest.raises(UserInputError, match="line 2: expected whitespace-separated integer"):
-        SequentialRecDataModule(num_users=50, synthetic_from=str(tmp_path / "syn.txt"))
+        SequentialRecDataModule(synthetic_users=50, synthetic_from=str(tmp_path / "syn.txt"))
     (tmp_path / "syn.txt").write_text("1 2 401\n")
     with pytest.raises(UserInputError, match="1..400"):
-        SequentialRecDataModule(num_users=50, synthetic_from=str(tmp_path / "syn.txt"))
+        SequentialRecDataModule(synthetic_users=50, synthetic_from=str(tmp_path / "syn.txt"))
 
 
 def test_add_training_sequences_cap_reset_and_determinism():
-    dm = SequentialRecDataModule(num_users=50, max_total_sequences=52, seed=1)
-    again = SequentialRecDataModule(num_users=50, max_total_sequences=52, seed=1)
+    dm = SequentialRecDataModule(synthetic_users=50, max_total_sequences=52, seed=1)
+    again = SequentialRecDataModule(synthetic_users=50, max_total_sequences=52, seed=1)
     assert all(torch.equal(a, b) for a, b in zip(dm.training_sequences, again.training_sequences))
     n_batches = len(dm.train_dataloader())
     dm.add_training_sequences([torch.tensor([1, 2, 3]), torch.tensor([4, 5])])
@@ -203,7 +203,7 @@ def test_add_training_sequences_cap_reset_and_determinism():
         dm.add_training_sequences([torch.tensor([0, 2])])
     dm.reset_training_sequences()
     assert len(dm.training_sequences) == 50 and len(dm.train_dataloader()) == n_batches
-    markov = SequentialRecDataModule(num_users=50, regime="markov", seed=1)
+    markov = SequentialRecDataModule(synthetic_users=50, regime="markov", seed=1)
     assert not all(torch.equal(a, b) for a, b in zip(dm.training_sequences, markov.training_sequences))
 
 
@@ -257,7 +257,7 @@ def test_sasrec_ignores_padding_and_future():
 
 
 def test_model_and_data_must_agree():
-    dm = SequentialRecDataModule(num_users=30, num_items=40, num_clusters=4)
+    dm = SequentialRecDataModule(synthetic_users=30, synthetic_items=40, synthetic_clusters=4)
     model = SequentialRecommender(num_items=400)
     model._trainer = type("T", (), {"datamodule": dm, "ckpt_path": None})()
     with pytest.raises(UserInputError, match="num_items: 40"):
@@ -281,11 +281,11 @@ def test_bad_model_inputs():
 def test_round_chain_through_the_cli(tmp_path):
     out1 = tmp_path / "round1.txt"
     cli = run_cli("fit", "--config", config_path("configs/rsir/quick.yaml"), "--trainer.max_steps=30", *QUIET,
-                  "--data.init_args.num_users=200", f"--trainer.callbacks.init_args.output_path={out1}")
+                  "--data.init_args.synthetic_users=200", f"--trainer.callbacks.init_args.output_path={out1}")
     written = read_sequence_file(str(out1), 400)
     assert written and len(written) == len(cli.datamodule.synthetic_sequences)
     assert all(len(s) >= 3 for s in written)
-    cli2 = run_cli("--config", config_path("configs/rsir/quick.yaml"), *QUIET, "--data.init_args.num_users=200",
+    cli2 = run_cli("--config", config_path("configs/rsir/quick.yaml"), *QUIET, "--data.init_args.synthetic_users=200",
                    f"--data.init_args.synthetic_from={out1}", run=False)
     assert len(cli2.datamodule.training_sequences) == len(cli2.datamodule.original_sequences) + len(written)
 
@@ -297,7 +297,7 @@ def test_reduced_claims():
 
     base_scores, r1_scores, growth = [], [], []
     for seed in (0, 1, 2):
-        data = SequentialRecDataModule(regime="setlike", num_users=1500, max_len=20, seed=seed,
+        data = SequentialRecDataModule(regime="setlike", synthetic_users=1500, max_len=20, seed=seed,
                                        max_total_sequences=10 ** 6)
         base, stats = exp.train(data, 1000 * seed)
         base_scores.append(stats["ndcg@10"])
@@ -316,7 +316,7 @@ def test_run_rsir_rounds_driver_trains_a_fresh_model_per_round():
 
     from callbacks.rsir import run_rsir_rounds
 
-    data = SequentialRecDataModule(num_users=60, num_items=40, num_clusters=4, max_len=8, seed=0)
+    data = SequentialRecDataModule(synthetic_users=60, synthetic_items=40, synthetic_clusters=4, max_len=8, seed=0)
     models = []
 
     def make_model():
