@@ -1,4 +1,4 @@
-"""NT-SSM: neighbor-type-aware sampled softmax for graph collaborative filtering, on a LightGCN backbone.
+"""NT-SSM: neighbor-type-aware sampled softmax for graph collaborative filtering, on a LightGCN or SimGCL backbone.
 
 Paper: "Rethinking Contrastive Learning for Graph Collaborative Filtering: Limitations and a Simple Remedy",
 Geon Lee, Sunwoo Kim, Kyungho Kim, Kijung Shin, ICML 2026 (arXiv 2605.24015). Official code:
@@ -56,6 +56,34 @@ the batch's users, positive items and sampled negative items:
 the batch size twice, so it is tiny; SELFRec's ``l2_reg_loss(...) / batch_size``). The sampled negatives of
 the SSM losses serve only this term, as in the official code.
 
+SimGCL backbone (``backbone="simgcl"``)
+--------------------------------------
+SimGCL (Yu et al., "Are Graph Augmentations Necessary? Simple Graph Contrastive Learning for Recommendation",
+SIGIR 2022, arXiv 2112.08679) is LightGCN plus a contrastive loss between two views made by adding random noise
+to the embeddings at every propagation layer instead of perturbing the graph. Reconstructed from the method card
+and the official NT-SSM code (``SimGCL.py``, ``SimGCL_NT.py``, SELFRec's ``InfoNCE``), read for this collection:
+
+* Propagation: E^(l) = A E^(l-1), and in a *perturbed* view ``E^(l) <- E^(l) + eps * sign(E^(l)) *
+  normalize(U(0, 1) noise)`` (row-normalised uniform noise carrying the sign of the embedding, so every nonzero
+  row moves by exactly ``noise_eps`` in L2 norm; the noisy layer feeds the next one). Noise comes from torch's
+  global RNG (``torch.rand_like``), so ``seed_everything`` makes runs reproducible.
+* Layer combination (SimGCL/SELFRec): the final embedding averages layers 1..L, **no layer 0**. The NT split
+  (``SimGCL_NT``): even = (layers 2, 4, ...) / L, odd = (layers 1, 3, ...) / L; even + odd = that average.
+* Loss = rec + ``cl_weight`` * CL + L2. rec (``ssm`` / ``bidirectional_ssm`` / ``nt_ssm`` / ``bpr``) is computed on
+  the **clean, noise-free** propagation, as in the official code. CL = InfoNCE(view1[u], view2[u]) +
+  InfoNCE(view1[i], view2[i]) over the batch's **unique** users u and unique positive items i (``torch.unique``,
+  as the official code), between two independently perturbed propagations (even + odd), L2-normalised,
+  temperature ``cl_tau``: InfoNCE(a, b) = mean_r [logsumexp_j(cos(a_r, b_j)/tau) - cos(a_r, b_r)/tau].
+  Official defaults: ``cl_weight`` (``lmbda``) 0.5, ``noise_eps`` 0.1, ``cl_tau`` 0.2 (hard-coded there).
+* L2 term (official SimGCL code, differs from LightGCN's): on the **propagated** (clean even + odd) embeddings of
+  the batch's users and positive items, ``reg * (||U_b||_F / B + ||I_pos||_F / B)`` (not divided by B again, no
+  negatives).
+* Evaluation uses the noise-free propagation. With ``noise_eps=0`` and ``cl_weight=0`` the model is LightGCN
+  without layer 0 in the combination (tested).
+* Not reproduced: the official ``SimGCL_NT`` "bpr" loss is bidirectional (a sampled negative user too); here
+  ``loss="bpr"`` is the one-directional BPR for both backbones. The other hyper-parameters (``noise_eps``,
+  ``cl_weight``, ``cl_tau``) are ignored by ``backbone="lightgcn"``.
+
 Evaluation protocol (SELFRec's, as in the official code)
 --------------------------------------------------------
 Full ranking over all items with the scores ``(u_even + u_odd) . (i_even + i_odd)``. Validation masks the
@@ -76,7 +104,7 @@ Deviations and reconstructions
   the embeddings; the graph then comes from the new data.
 * Negative items (for the L2 term and BPR) are drawn uniformly among the user's non-train items by the
   datamodule, as a pure function of (seed, epoch, edge) (SELFRec uses Python's ``random``).
-* SimGCL and NCL backbones of the paper are not implemented (NCL's NT variant is not in the release either).
+* The NCL backbone of the paper is not implemented (NCL's NT variant is not in the release either).
 """
 from __future__ import annotations
 
@@ -96,6 +124,7 @@ from lightning_modules.ranking_metrics import TopKMetrics, mask_known_items
 log = logging.getLogger(__name__)
 
 GraphLoss = Literal["ssm", "bidirectional_ssm", "nt_ssm", "bpr"]
+Backbone = Literal["lightgcn", "simgcl"]
 ALPHA_NAMES = ("alpha_uu", "alpha_ii", "alpha_ui", "alpha_iu")
 CHECKPOINT_EDGES_KEY = "train_graph_edges"  # top-level checkpoint entry holding the (2, E) train edges
 
@@ -148,6 +177,46 @@ class LightGCN(nn.Module):
         return nodes[:self.num_users], nodes[self.num_users:]
 
 
+def simgcl_noise(layer: Tensor, eps: float) -> Tensor:
+    """SimGCL's perturbation of a layer: eps * sign(E) * row-normalised U(0, 1) noise (torch's global RNG).
+
+    Every row with no zero entry gets a perturbation of L2 norm exactly ``eps`` that points into the embedding's
+    orthant (entries that are 0 get no noise, as ``sign(0) = 0``)."""
+    return eps * torch.sign(layer) * F.normalize(torch.rand_like(layer), dim=-1)
+
+
+class SimGCL(LightGCN):
+    """SimGCL propagation with the NT even/odd split of the official ``SimGCL_NT``: layer 0 is dropped,
+    even = (layers 2, 4, ...) / L, odd = (layers 1, 3, ...) / L (even + odd = mean of layers 1..L).
+
+    ``forward(adjacency, perturbed=True)`` adds `simgcl_noise` to every propagated layer (before it feeds the
+    next one); ``perturbed=False`` (or ``noise_eps=0``) is the clean propagation. Same parameters (names and
+    shapes) as `LightGCN`, so checkpoints and ``init_from`` move between the two backbones.
+    """
+
+    def __init__(self, num_users: int, num_items: int, embedding_dim: int = 64, num_layers: int = 2,
+                 noise_eps: float = 0.1) -> None:
+        if num_layers < 1:
+            raise UserInputError(f"num_layers={num_layers} is out of range for SimGCL: it needs at least 1 layer "
+                                 "(layer 0 is not part of its combination).")
+        super().__init__(num_users, num_items, embedding_dim, num_layers)
+        self.noise_eps = noise_eps
+
+    def forward(self, adjacency: Tensor, perturbed: bool = False) -> tuple[Tensor, Tensor]:
+        layer = torch.cat([self.user_embedding, self.item_embedding])
+        even = odd = torch.zeros_like(layer)
+        for depth in range(1, self.num_layers + 1):
+            layer = torch.sparse.mm(adjacency, layer)
+            if perturbed and self.noise_eps > 0:
+                layer = layer + simgcl_noise(layer, self.noise_eps)
+            if depth % 2:
+                odd = odd + layer
+            else:
+                even = even + layer
+        scale = 1.0 / self.num_layers
+        return even * scale, odd * scale
+
+
 # ============================================================================================ losses
 def ssm_direction(anchors: Tensor, candidates: Tensor, tau: float) -> Tensor:
     """One-directional in-batch sampled softmax on cosine logits (positives on the diagonal, kept in the
@@ -184,6 +253,18 @@ def bpr_loss(users: Tensor, positives: Tensor, negatives: Tensor) -> Tensor:
     return -F.logsigmoid((users * positives).sum(1) - (users * negatives).sum(1)).mean()
 
 
+def info_nce(view1: Tensor, view2: Tensor, tau: float) -> Tensor:
+    """SELFRec's InfoNCE (SimGCL's CL loss): rows L2-normalised, positives on the diagonal (kept in the
+    denominator): mean_r [ logsumexp_j cos(v1_r, v2_j)/tau - cos(v1_r, v2_r)/tau ]."""
+    logits = F.normalize(view1, dim=1) @ F.normalize(view2, dim=1).T / tau
+    return (torch.logsumexp(logits, 1) - logits.diagonal()).mean()
+
+
+def simgcl_l2(reg: float, *rows: Tensor) -> Tensor:
+    """The official SimGCL code's L2 term (SELFRec's ``l2_reg_loss``): reg * sum_t ||E_t||_F / rows_t."""
+    return reg * sum(r.norm(p=2) / len(r) for r in rows)
+
+
 def official_l2(reg: float, *ego_rows: Tensor) -> Tensor:
     """The official (SELFRec) L2 term: reg * sum_t ||E_t||_F / rows_t, divided once more by the batch size."""
     batch = len(ego_rows[0])
@@ -192,7 +273,8 @@ def official_l2(reg: float, *ego_rows: Tensor) -> Tensor:
 
 # ============================================================================================ module
 class GraphCollaborativeFiltering(PaperModule):
-    """LightGCN trained with SSM, bidirectional SSM, NT-SSM or BPR; full-ranking evaluation (module docstring).
+    """LightGCN or SimGCL trained with SSM, bidirectional SSM, NT-SSM or BPR; full-ranking evaluation (module
+    docstring).
 
     Args:
         loss: "ssm" (one-directional, official baseline), "bidirectional_ssm", "nt_ssm" or "bpr".
@@ -202,6 +284,11 @@ class GraphCollaborativeFiltering(PaperModule):
             Only used by ``loss="nt_ssm"``; all 1 is bidirectional SSM. >= 0.
         embedding_dim: d (official 64). num_layers: L (official 2), >= 0.
         reg: weight of the official L2 term (official 1e-4), >= 0.
+        backbone: "lightgcn" (layers 0..L) or "simgcl" (layers 1..L, noisy views and a contrastive loss).
+        cl_weight: SimGCL's lambda, weight of the InfoNCE between two noisy views (official 0.5), >= 0.
+        noise_eps: SimGCL's eps, L2 norm of the per-layer noise of a view (official 0.1), >= 0.
+        cl_tau: temperature of SimGCL's InfoNCE (official 0.2), > 0. The three SimGCL arguments are ignored by
+            ``backbone="lightgcn"``.
         ks: ranking cutoffs (official 10, 20, 40).
         mask_valid_at_test: also mask validation items at test (default False, the official protocol).
         num_users, num_items: None = taken from the datamodule in ``setup``; a given value must match it.
@@ -210,6 +297,8 @@ class GraphCollaborativeFiltering(PaperModule):
     def __init__(self, loss: GraphLoss = "nt_ssm", tau: float = 0.2,
                  alpha_uu: float = 1.0, alpha_ii: float = 1.0, alpha_ui: float = 1.0, alpha_iu: float = 1.0,
                  embedding_dim: int = 64, num_layers: int = 2, reg: float = 1e-4,
+                 backbone: Backbone = "lightgcn", cl_weight: float = 0.5, noise_eps: float = 0.1,
+                 cl_tau: float = 0.2,
                  ks: Sequence[int] = (10, 20, 40), mask_valid_at_test: bool = False,
                  num_users: int | None = None, num_items: int | None = None,
                  optimizer: OptimizerCallable = torch.optim.Adam, lr_scheduler: LRSchedulerCallable | None = None,
@@ -219,6 +308,13 @@ class GraphCollaborativeFiltering(PaperModule):
         if loss not in GraphLoss.__args__:
             raise UserInputError(f"loss={loss!r} is unknown: choose one of {', '.join(GraphLoss.__args__)}.")
         check_range("tau", tau, 0.0, low_inclusive=False)
+        if backbone not in Backbone.__args__:
+            raise UserInputError(f"backbone={backbone!r} is unknown: choose one of {', '.join(Backbone.__args__)}.")
+        check_range("cl_weight", cl_weight, 0.0)
+        check_range("noise_eps", noise_eps, 0.0)
+        check_range("cl_tau", cl_tau, 0.0, low_inclusive=False)
+        if backbone == "simgcl":
+            check_range("num_layers", num_layers, 1)
         for name, value in zip(ALPHA_NAMES, (alpha_uu, alpha_ii, alpha_ui, alpha_iu)):
             check_range(name, value, 0.0)
         check_range("embedding_dim", embedding_dim, 1)
@@ -242,7 +338,11 @@ class GraphCollaborativeFiltering(PaperModule):
         self._eval_cache: tuple[Tensor, Tensor] | None = None
 
     def _build(self, num_users: int, num_items: int) -> None:
-        self.encoder = LightGCN(num_users, num_items, self.hparams.embedding_dim, self.hparams.num_layers)
+        hp = self.hparams
+        if hp.get("backbone", "lightgcn") == "simgcl":
+            self.encoder = SimGCL(num_users, num_items, hp.embedding_dim, hp.num_layers, hp.noise_eps)
+        else:
+            self.encoder = LightGCN(num_users, num_items, hp.embedding_dim, hp.num_layers)
         self.hparams["num_users"], self.hparams["num_items"] = num_users, num_items
 
     # ----------------------------------------------------------------------------------------- data
@@ -294,9 +394,12 @@ class GraphCollaborativeFiltering(PaperModule):
         return self._adjacency
 
     # ----------------------------------------------------------------------------------------- model
-    def propagate(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """(user_even, user_odd, item_even, item_odd) of every node."""
-        even, odd = self.encoder(self.adjacency())
+    def propagate(self, perturbed: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(user_even, user_odd, item_even, item_odd) of every node; ``perturbed`` = a noisy SimGCL view."""
+        if perturbed:
+            even, odd = self.encoder(self.adjacency(), perturbed=True)
+        else:
+            even, odd = self.encoder(self.adjacency())
         user_even, item_even = self.encoder.split(even)
         user_odd, item_odd = self.encoder.split(odd)
         return user_even, user_odd, item_even, item_odd
@@ -312,7 +415,22 @@ class GraphCollaborativeFiltering(PaperModule):
         user_even, user_odd, item_even, item_odd = self.propagate()
         return user_even + user_odd, item_even + item_odd
 
+    def contrastive_loss(self, users: Tensor, items: Tensor) -> Tensor:
+        """SimGCL's CL term (unweighted): InfoNCE between two noisy views on the batch's unique users plus on its
+        unique positive items."""
+        users, items = torch.unique(users), torch.unique(items)
+        view1 = self.propagate(perturbed=True)
+        view2 = self.propagate(perturbed=True)
+        (u1, i1), (u2, i2) = [(ue + uo, ie + io) for ue, uo, ie, io in (view1, view2)]
+        tau = self.hparams.cl_tau
+        return info_nce(u1[users], u2[users], tau) + info_nce(i1[items], i2[items], tau)
+
     def compute_loss(self, batch: dict[str, Tensor]) -> Tensor:
+        return sum(self.loss_terms(batch).values())
+
+    def loss_terms(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """{"rec", "reg"[, "cl"]}: the recommendation loss (on the clean propagation), the L2 term and, for
+        SimGCL with ``cl_weight > 0``, the weighted contrastive term; `compute_loss` is their sum."""
         users, items, negatives = batch["users"], batch["items"], batch["negatives"]
         user_even, user_odd, item_even, item_odd = self.propagate()
         ue, uo, ie, io = user_even[users], user_odd[users], item_even[items], item_odd[items]
@@ -325,13 +443,22 @@ class GraphCollaborativeFiltering(PaperModule):
             rec = nt_ssm_loss(ue, uo, ie, io, hp.tau, hp.alpha_uu, hp.alpha_ii, hp.alpha_ui, hp.alpha_iu)
         else:
             rec = bpr_loss(ue + uo, ie + io, item_even[negatives] + item_odd[negatives])
-        reg = official_l2(hp.reg, self.encoder.user_embedding[users], self.encoder.item_embedding[items],
-                          self.encoder.item_embedding[negatives])
-        return rec + reg
+        if hp.get("backbone", "lightgcn") != "simgcl":
+            reg = official_l2(hp.reg, self.encoder.user_embedding[users], self.encoder.item_embedding[items],
+                              self.encoder.item_embedding[negatives])
+            return {"rec": rec, "reg": reg}
+        terms = {"rec": rec, "reg": simgcl_l2(hp.reg, ue + uo, ie + io)}
+        if hp.cl_weight > 0:
+            terms["cl"] = hp.cl_weight * self.contrastive_loss(users, items)
+        return terms
 
     def training_step(self, batch, batch_idx):
-        loss = self.compute_loss(batch)
-        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["users"]))
+        terms = self.loss_terms(batch)
+        loss = sum(terms.values())
+        batch_size = len(batch["users"])
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch_size)
+        if "cl" in terms:
+            self.log("train/cl_loss", terms["cl"], batch_size=batch_size)
         return loss
 
     # ----------------------------------------------------------------------------------------- evaluation

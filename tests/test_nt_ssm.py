@@ -10,8 +10,8 @@ import torch
 
 from datamodules.interaction_graph import GraphRecDataModule, per_user_split, read_lightgcn_txt
 from lightning_modules.errors import UserInputError
-from lightning_modules.nt_ssm import (GraphCollaborativeFiltering, LightGCN, normalized_adjacency, nt_ssm_direction,
-                                      nt_ssm_loss, ssm_direction)
+from lightning_modules.nt_ssm import (GraphCollaborativeFiltering, LightGCN, SimGCL, info_nce, normalized_adjacency,
+                                      nt_ssm_direction, nt_ssm_loss, simgcl_noise, ssm_direction)
 
 ALPHAS = ("alpha_uu", "alpha_ii", "alpha_ui", "alpha_iu")
 
@@ -105,6 +105,147 @@ def test_lightgcn_even_odd_on_a_two_user_two_item_hand_graph():
     torch.testing.assert_close(even, (torch.eye(4) + a2) / 4)
     torch.testing.assert_close(odd, (expected + a2 @ expected) / 4)
     torch.testing.assert_close(even + odd, sum(torch.linalg.matrix_power(expected, k) for k in range(4)) / 4)
+
+
+# ============================================================================================ SimGCL
+def _hand_graph():
+    return normalized_adjacency(torch.tensor([0, 0, 1]), torch.tensor([0, 1, 1]), 2, 2)
+
+
+def test_simgcl_even_odd_drops_layer_zero_and_divides_by_l():
+    adjacency = _hand_graph()
+    a = adjacency.to_dense()
+    for layers in (1, 2, 3):
+        encoder = SimGCL(2, 2, embedding_dim=4, num_layers=layers, noise_eps=0.1)
+        with torch.no_grad():
+            encoder.user_embedding.copy_(torch.eye(4)[:2])
+            encoder.item_embedding.copy_(torch.eye(4)[2:])
+        even, odd = encoder(adjacency)  # clean: layer l = A^l with one-hot ego embeddings
+        powers = [torch.linalg.matrix_power(a, k) for k in range(layers + 1)]
+        zero = torch.zeros(4, 4)  # L = 1 has no even layer
+        torch.testing.assert_close(even, sum((powers[k] for k in range(2, layers + 1, 2)), zero) / layers)
+        torch.testing.assert_close(odd, sum((powers[k] for k in range(1, layers + 1, 2)), zero) / layers)
+        torch.testing.assert_close(even + odd, sum(powers[1:]) / layers)  # SimGCL: mean of layers 1..L
+
+
+def test_simgcl_equals_lightgcn_without_layer_zero():
+    adjacency = _hand_graph()
+    torch.manual_seed(0)
+    light = LightGCN(2, 2, embedding_dim=5, num_layers=3)
+    sim = SimGCL(2, 2, embedding_dim=5, num_layers=3, noise_eps=0.1)
+    sim.load_state_dict(light.state_dict())  # same parameters, so checkpoints move between backbones
+    even_l, odd_l = light(adjacency)
+    even_s, odd_s = sim(adjacency)
+    ego = torch.cat([light.user_embedding, light.item_embedding])
+    torch.testing.assert_close(even_s, (even_l * 4 - ego) / 3)
+    torch.testing.assert_close(odd_s, odd_l * 4 / 3)
+    sim.noise_eps = 0.0
+    for got, want in zip(sim(adjacency, perturbed=True), (even_s, odd_s)):
+        assert torch.equal(got, want)  # eps = 0: a "noisy" view is the clean propagation
+
+
+def test_simgcl_noise_has_norm_eps_per_row_and_the_sign_of_the_embedding():
+    gen = torch.Generator().manual_seed(0)
+    layer = torch.randn(50, 7, generator=gen, dtype=torch.float64)
+    torch.manual_seed(1)
+    noise = simgcl_noise(layer, 0.1)
+    torch.testing.assert_close(noise.norm(dim=1), torch.full((50,), 0.1, dtype=torch.float64))
+    assert torch.all(torch.sign(noise) == torch.sign(layer))
+    torch.manual_seed(1)
+    assert torch.equal(simgcl_noise(layer, 0.1), noise)  # torch's global RNG: seeded, reproducible
+    assert not torch.equal(simgcl_noise(layer, 0.1), noise)
+    # zero entries get no noise
+    assert torch.all(simgcl_noise(torch.zeros(3, 4), 0.5) == 0)
+
+
+def test_simgcl_perturbed_view_adds_noise_at_every_layer_before_propagating():
+    adjacency = _hand_graph()
+    torch.manual_seed(0)
+    sim = SimGCL(2, 2, embedding_dim=3, num_layers=2, noise_eps=0.2)
+    torch.manual_seed(7)
+    even, odd = sim(adjacency, perturbed=True)
+    torch.manual_seed(7)
+    layer1 = torch.sparse.mm(adjacency, torch.cat([sim.user_embedding, sim.item_embedding]))
+    layer1 = layer1 + simgcl_noise(layer1, 0.2)
+    layer2 = torch.sparse.mm(adjacency, layer1)
+    layer2 = layer2 + simgcl_noise(layer2, 0.2)
+    torch.testing.assert_close(odd, layer1 / 2)
+    torch.testing.assert_close(even, layer2 / 2)
+
+
+def test_info_nce_on_a_hand_computed_2x2_example():
+    view1 = torch.tensor([[2.0, 0.0], [0.0, 1.0]])
+    view2 = torch.tensor([[1.0, 1.0], [0.0, 3.0]])  # cosines: row 0 (1/sqrt2, 0), row 1 (1/sqrt2, 1)
+    tau = 0.2
+    c = 1 / math.sqrt(2)
+    row0 = -math.log(math.exp(c / tau) / (math.exp(c / tau) + math.exp(0.0)))
+    row1 = -math.log(math.exp(1 / tau) / (math.exp(c / tau) + math.exp(1 / tau)))
+    assert info_nce(view1, view2, tau).item() == pytest.approx((row0 + row1) / 2, rel=1e-6)
+    # scale invariant (L2-normalised rows)
+    assert info_nce(3 * view1, 0.5 * view2, tau).item() == pytest.approx((row0 + row1) / 2, rel=1e-6)
+
+
+def _graph_model(small_graph, **kwargs):
+    torch.manual_seed(0)
+    model = GraphCollaborativeFiltering(embedding_dim=8, num_users=small_graph.num_users,
+                                        num_items=small_graph.num_items, **kwargs)
+    model.set_train_graph(small_graph.train_edge_index())
+    return model
+
+
+@pytest.mark.parametrize("loss", ["ssm", "bidirectional_ssm", "nt_ssm", "bpr"])
+def test_simgcl_without_noise_and_cl_is_lightgcn_without_layer_zero(small_graph, loss):
+    """eps = 0, cl_weight = 0: the rec loss is the LightGCN loss on layers 1..L (even/odd rescaled); the L2 term
+    is the official SimGCL one on the propagated embeddings."""
+    kwargs = dict(loss=loss, tau=0.5, alpha_uu=0.5, alpha_ii=0.7, alpha_ui=0.9, alpha_iu=1.1, reg=1e-2)
+    sim = _graph_model(small_graph, backbone="simgcl", noise_eps=0.0, cl_weight=0.0, **kwargs)
+    light = _graph_model(small_graph, backbone="lightgcn", **kwargs)
+    light.load_state_dict(sim.state_dict())
+    batch = next(iter(small_graph.train_dataloader()))
+    users, items, negatives = batch["users"], batch["items"], batch["negatives"]
+    with torch.no_grad():
+        terms = sim.loss_terms(batch)
+        assert set(terms) == {"rec", "reg"}
+        ue, uo, ie, io = light.propagate()
+        ego_u, ego_i = light.encoder.user_embedding, light.encoder.item_embedding
+        layers = sim.hparams.num_layers
+        scale = (layers + 1) / layers
+        ue, uo = (ue - ego_u / (layers + 1)) * scale, uo * scale  # drop layer 0, divide by L instead of L + 1
+        ie, io = (ie - ego_i / (layers + 1)) * scale, io * scale
+        light.propagate = lambda: (ue, uo, ie, io)  # LightGCN's loss code on the layer-0-free embeddings
+        expected = light.loss_terms(batch)["rec"]
+        assert terms["rec"].item() == pytest.approx(expected.item(), abs=1e-6)
+        reg = 1e-2 * ((ue[users] + uo[users]).norm() / len(users) + (ie[items] + io[items]).norm() / len(items))
+        assert terms["reg"].item() == pytest.approx(reg.item(), rel=1e-5)
+        # evaluation: the noise-free layers 1..L mean
+        torch.testing.assert_close(sim(users[:4]), (ue[users[:4]] + uo[users[:4]]) @ (ie + io).T)
+        if loss == "bpr":  # the sampled negatives enter BPR only
+            assert negatives.shape == users.shape
+
+
+def test_simgcl_cl_term_is_weighted_infonce_of_two_seeded_noisy_views(small_graph):
+    sim = _graph_model(small_graph, backbone="simgcl", noise_eps=0.1, cl_weight=0.5, cl_tau=0.3, loss="ssm")
+    batch = next(iter(small_graph.train_dataloader()))
+    with torch.no_grad():
+        torch.manual_seed(3)
+        terms = sim.loss_terms(batch)
+        torch.manual_seed(3)
+        v1, v2 = sim.propagate(perturbed=True), sim.propagate(perturbed=True)
+        u, i = torch.unique(batch["users"]), torch.unique(batch["items"])
+        expected = 0.5 * (info_nce((v1[0] + v1[1])[u], (v2[0] + v2[1])[u], 0.3)
+                          + info_nce((v1[2] + v1[3])[i], (v2[2] + v2[3])[i], 0.3))
+        assert terms["cl"].item() == pytest.approx(expected.item(), rel=1e-6)
+        assert not torch.equal(v1[0], v2[0])  # two independent views
+        clean = sim.propagate()
+        assert not torch.equal(v1[1], clean[1])
+        # the recommendation loss uses the clean propagation: it does not depend on the noise
+        torch.manual_seed(99)
+        assert sim.loss_terms(batch)["rec"].item() == terms["rec"].item()
+        # eps = 0: both views are the clean propagation, the CL term is InfoNCE(x, x)
+        sim.encoder.noise_eps = 0.0
+        x_u, x_i = (clean[0] + clean[1])[u], (clean[2] + clean[3])[i]
+        assert sim.loss_terms(batch)["cl"].item() == pytest.approx(
+            0.5 * (info_nce(x_u, x_u, 0.3) + info_nce(x_i, x_i, 0.3)).item(), rel=1e-6)
 
 
 # ============================================================================================ data
@@ -275,7 +416,12 @@ def test_model_refuses_data_of_another_size(small_graph):
 
 @pytest.mark.parametrize("kwargs, message", [({"tau": 0.0}, "tau=0.0 is out of range"),
                                              ({"alpha_ui": -0.1}, "alpha_ui=-0.1 is out of range"),
-                                             ({"loss": "infonce"}, "loss='infonce' is unknown")])
+                                             ({"loss": "infonce"}, "loss='infonce' is unknown"),
+                                             ({"backbone": "ncl"}, "backbone='ncl' is unknown"),
+                                             ({"cl_tau": 0.0}, "cl_tau=0.0 is out of range"),
+                                             ({"noise_eps": -1.0}, "noise_eps=-1.0 is out of range"),
+                                             ({"cl_weight": -0.5}, "cl_weight=-0.5 is out of range"),
+                                             ({"backbone": "simgcl", "num_layers": 0}, "num_layers=0 is out of range")])
 def test_model_argument_errors(kwargs, message):
     with pytest.raises(UserInputError, match=message):
         GraphCollaborativeFiltering(**kwargs)
