@@ -54,10 +54,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningDataModule
-from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from datamodules.sampling import evaluation_sampler, mix_seed, training_sampler
 from lightning_modules.errors import UserInputError, check_range
 
 DATASETS = ("digits", "cifar10", "cifar100", "imagefolder")
@@ -76,7 +76,7 @@ CIFAR_LAYOUT = {
     "cifar100": ("cifar-100-python", ["train"], ["test"], "fine_labels", 100),
 }
 # seed streams, so that the validation split and the shuffle draw independent random numbers
-_STREAM_VAL, _STREAM_SHUFFLE, _STREAM_STATS = 1, 2, 3
+_STREAM_VAL, _STREAM_STATS = 1, 3  # 2 is the training shuffle (datamodules.sampling)
 
 
 class ImageClassificationDataModule(LightningDataModule):
@@ -187,14 +187,14 @@ class ImageClassificationDataModule(LightningDataModule):
             pool, test = _load_cifar(self.dataset_name, self.data_dir)
         else:
             pool, test = (FileImages(paths, labels, self.image_size) for paths, labels in self._files)
-        val_seed = _mix_seed(self.seed, _STREAM_VAL)
+        val_seed = mix_seed(self.seed, _STREAM_VAL)
         train_idx, val_idx = stratified_split(pool.labels, self.val_fraction, val_seed)
         # full splits (forget class included): the unlearning loaders and the statistics use these
         self._split = {"train": (pool, train_idx), "val": (pool, val_idx),
                        "test": (test, torch.arange(len(test.labels)))}
         stats_idx = train_idx
         if isinstance(pool, FileImages) and len(train_idx) > IMAGEFOLDER_STATS_MAX:
-            gen = torch.Generator().manual_seed(_mix_seed(self.seed, _STREAM_STATS))
+            gen = torch.Generator().manual_seed(mix_seed(self.seed, _STREAM_STATS))
             chosen = torch.randperm(len(train_idx), generator=gen)[:IMAGEFOLDER_STATS_MAX]
             stats_idx = train_idx[chosen].sort()[0]
         self.mean, self.std = pool.channel_stats(stats_idx)
@@ -234,28 +234,16 @@ class ImageClassificationDataModule(LightningDataModule):
 
     # -------------------------------------------------------------------------------------- dataloaders
     def train_dataloader(self) -> DataLoader:
-        sampler = EpochShuffleSampler(len(self.train_set), self.seed)
-        if self.trainer is not None:  # Lightning also calls set_epoch at every epoch start
-            sampler.set_epoch(self.trainer.current_epoch)
-        return self._loader(self.train_set, sampler=sampler)
+        return self._loader(self.train_set, sampler=training_sampler(len(self.train_set), self.seed, self.trainer))
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, sampler=self._evaluation_sampler(self.val_set))
+        return self._loader(self.val_set, sampler=evaluation_sampler(self.val_set, self.trainer))
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set, sampler=self._evaluation_sampler(self.test_set))
+        return self._loader(self.test_set, sampler=evaluation_sampler(self.test_set, self.trainer))
 
     def predict_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set, sampler=self._evaluation_sampler(self.test_set))
-
-    def _evaluation_sampler(self, dataset: Dataset) -> Sampler | None:
-        """Under DDP, shard evaluation data without the padding duplicates of DistributedSampler, so that
-        torchmetrics reduce to exactly the single-process value (each example is seen once)."""
-        trainer = self.trainer
-        if trainer is None or trainer.world_size == 1:
-            return None
-        return UnrepeatedDistributedSampler(dataset, num_replicas=trainer.world_size, rank=trainer.global_rank,
-                                            shuffle=False)
+        return self._loader(self.test_set, sampler=evaluation_sampler(self.test_set, self.trainer))
 
     def forget_dataloader(self, split: str) -> DataLoader:
         """Unshuffled, un-augmented examples of `forget_class` in `split` (also when train_on='retain')."""
@@ -312,27 +300,6 @@ def random_crop_flip(pixels: Tensor, pad: int) -> Tensor:
     top, left = torch.randint(0, 2 * pad + 1, (2,)).tolist()
     out = padded[:, top:top + h, left:left + w]
     return out.flip(-1) if torch.rand(()) < 0.5 else out
-
-
-class EpochShuffleSampler(Sampler[int]):
-    """A random permutation of ``range(num_samples)`` that is a pure function of (seed, epoch).
-
-    Lightning calls ``set_epoch`` at the start of every training epoch (also after resuming from a
-    checkpoint), so epoch e always visits the same order, interrupted or not. Picklable (ddp_spawn).
-    """
-
-    def __init__(self, num_samples: int, seed: int) -> None:
-        self.num_samples, self.seed, self.epoch = num_samples, seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
-
-    def __len__(self) -> int:
-        return self.num_samples
-
-    def __iter__(self):
-        gen = torch.Generator().manual_seed(_mix_seed(self.seed, _STREAM_SHUFFLE, self.epoch))
-        return iter(torch.randperm(self.num_samples, generator=gen).tolist())
 
 
 # ==================================================================================== pixel sources
@@ -540,8 +507,3 @@ def stratified_split(labels: Tensor, fraction: float, seed: int) -> tuple[Tensor
     rank = torch.arange(n) - class_start[sorted_labels]       # position within its class
     held = rank < held_per_class[sorted_labels]
     return order[~held].sort()[0], order[held].sort()[0]
-
-
-def _mix_seed(*parts: int) -> int:
-    """A well-mixed 63-bit seed from integers (seed, stream[, epoch]): distinct tuples, distinct streams."""
-    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1, dtype=np.uint64)[0]) >> 1

@@ -52,11 +52,10 @@ from typing import Literal
 import numpy as np
 import torch
 from lightning.pytorch import LightningDataModule
-from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from datamodules.images import EpochShuffleSampler
+from datamodules.sampling import EpochShuffleSampler, evaluation_sampler, training_sampler
 from datamodules.recsys_files import iter_fields, movielens_100k_path, read_recbole_inter
 from lightning_modules.errors import UserInputError, check_range
 from lightning_modules.nt_ssm import normalized_adjacency
@@ -211,26 +210,16 @@ class GraphRecDataModule(LightningDataModule):
         self.test_set = EvalUsers(np.flatnonzero(np.diff(test_csr[0]) > 0), train_csr, valid_csr, test_csr)
 
     def train_dataloader(self) -> DataLoader:
-        sampler = EpochTaggedSampler(len(self.train_set), self.seed)
-        if self.trainer is not None:  # Lightning also calls set_epoch at every epoch start
-            sampler.set_epoch(self.trainer.current_epoch)
+        sampler = training_sampler(len(self.train_set), self.seed, self.trainer, EpochTaggedSampler)
         return self._loader(self.train_set, self.batch_size, sampler)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, self.eval_batch_size, self._evaluation_sampler(self.val_set))
+        return self._loader(self.val_set, self.eval_batch_size, evaluation_sampler(self.val_set, self.trainer))
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set, self.eval_batch_size, self._evaluation_sampler(self.test_set))
+        return self._loader(self.test_set, self.eval_batch_size, evaluation_sampler(self.test_set, self.trainer))
 
     predict_dataloader = test_dataloader
-
-    def _evaluation_sampler(self, dataset: Dataset) -> Sampler | None:
-        """Under DDP, shard users without padding duplicates, so summed metrics equal one process's."""
-        trainer = self.trainer
-        if trainer is None or trainer.world_size == 1:
-            return None
-        return UnrepeatedDistributedSampler(dataset, num_replicas=trainer.world_size, rank=trainer.global_rank,
-                                            shuffle=False)
 
     def _loader(self, dataset: Dataset, batch_size: int, sampler: Sampler | None) -> DataLoader:
         return DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=False, collate_fn=_as_batch,

@@ -47,11 +47,10 @@ from typing import Literal
 import numpy as np
 import torch
 from lightning.pytorch import LightningDataModule
-from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
-from datamodules.images import EpochShuffleSampler
+from datamodules.sampling import evaluation_sampler, training_sampler
 from datamodules.recsys_files import (chronological_sequences, movielens_100k_path, read_pairs,
                                       read_recbole_inter)
 from lightning_modules.errors import UserInputError, check_range
@@ -249,21 +248,14 @@ class SequentialRecDataModule(LightningDataModule):
         return self._train_set
 
     def train_dataloader(self) -> DataLoader:
-        sampler = EpochShuffleSampler(len(self.train_set), self.seed)
-        if self.trainer is not None:
-            sampler.set_epoch(self.trainer.current_epoch)
+        sampler = training_sampler(len(self.train_set), self.seed, self.trainer)
         return DataLoader(self.train_set, batch_size=self.batch_size, sampler=sampler,
                           num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
 
     def _eval_loader(self, history: Tensor, target: Tensor) -> DataLoader:
         dataset = TensorDataset(history, target)
-        trainer = self.trainer
-        sampler = None
-        if trainer is not None and trainer.world_size > 1:
-            sampler = UnrepeatedDistributedSampler(dataset, num_replicas=trainer.world_size,
-                                                   rank=trainer.global_rank, shuffle=False)
-        return DataLoader(dataset, batch_size=self.eval_batch_size, sampler=sampler, shuffle=False,
-                          num_workers=self.num_workers)
+        return DataLoader(dataset, batch_size=self.eval_batch_size, sampler=evaluation_sampler(dataset, self.trainer),
+                          shuffle=False, num_workers=self.num_workers)
 
     def val_dataloader(self) -> DataLoader:
         return self._eval_loader(self.valid_history, self.valid_target)

@@ -1,0 +1,52 @@
+"""Samplers shared by every datamodule: resume-exact training shuffles and DDP-exact evaluation shards."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from torch.utils.data import Dataset, Sampler
+
+SHUFFLE_STREAM = 2  # seed stream of the training shuffle (other streams: each datamodule's own draws)
+
+
+def mix_seed(*parts: int) -> int:
+    """A well-mixed 63-bit seed from integers (seed, stream[, epoch]): distinct tuples, distinct streams."""
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1, dtype=np.uint64)[0]) >> 1
+
+
+class EpochShuffleSampler(Sampler[int]):
+    """A random permutation of ``range(num_samples)`` that is a pure function of (seed, epoch).
+
+    Lightning calls ``set_epoch`` at the start of every training epoch (also after resuming from a
+    checkpoint), so epoch e always visits the same order, interrupted or not. Picklable (ddp_spawn).
+    """
+
+    def __init__(self, num_samples: int, seed: int) -> None:
+        self.num_samples, self.seed, self.epoch = num_samples, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __iter__(self):
+        gen = torch.Generator().manual_seed(mix_seed(self.seed, SHUFFLE_STREAM, self.epoch))
+        return iter(torch.randperm(self.num_samples, generator=gen).tolist())
+
+
+def training_sampler(num_samples: int, seed: int, trainer, sampler_class=EpochShuffleSampler) -> Sampler:
+    """The epoch-seeded training sampler, already set to the trainer's current epoch (if any)."""
+    sampler = sampler_class(num_samples, seed)
+    if trainer is not None:
+        sampler.set_epoch(trainer.current_epoch)
+    return sampler
+
+
+def evaluation_sampler(dataset: Dataset, trainer) -> Sampler | None:
+    """Under DDP, shard evaluation data without DistributedSampler's padding duplicates, so that summed
+    torchmetrics equal the single-process value (each example is seen exactly once); None otherwise."""
+    if trainer is None or trainer.world_size == 1:
+        return None
+    return UnrepeatedDistributedSampler(dataset, num_replicas=trainer.world_size, rank=trainer.global_rank,
+                                        shuffle=False)
