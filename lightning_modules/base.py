@@ -111,6 +111,11 @@ class PaperModule(LightningModule):
         self.init_from_trusted = init_from_trusted
         self.init_from_report: dict[str, list[str]] | None = None
 
+    @property
+    def attached_datamodule(self):
+        """The trainer's datamodule, or None outside a Trainer (modules check their sizes against it)."""
+        return getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+
     # ----------------------------------------------------------------------------- fine-tuning
     def setup(self, stage: str) -> None:
         if stage != "fit" or self.init_from is None or self.init_from_report is not None:

@@ -103,7 +103,7 @@ class ImageClassifier(PaperModule):
 
     def setup(self, stage: str) -> None:
         super().setup(stage)  # init_from
-        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        datamodule = self.attached_datamodule
         for name in ("num_classes", "in_channels", "image_size"):
             data_value, model_value = getattr(datamodule, name, None), self.hparams[name]
             if data_value is not None and data_value != model_value:

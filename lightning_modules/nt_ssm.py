@@ -347,7 +347,7 @@ class GraphCollaborativeFiltering(PaperModule):
 
     # ----------------------------------------------------------------------------------------- data
     def setup(self, stage: str) -> None:
-        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        datamodule = self.attached_datamodule
         if datamodule is not None and hasattr(datamodule, "train_edge_index"):
             num_users, num_items = datamodule.num_users, datamodule.num_items
             if self.encoder is None:

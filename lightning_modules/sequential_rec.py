@@ -205,7 +205,7 @@ class SequentialRecommender(PaperModule):
         return build_backbone(h.backbone, h.num_items, h.hidden_dim, h.num_blocks, h.num_heads, h.dropout, h.max_len)
 
     def setup(self, stage: str) -> None:
-        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        datamodule = self.attached_datamodule
         data_items = getattr(datamodule, "num_items", None)
         if self.backbone is None:  # num_items: null = read from the data (stored in the checkpoint's hparams)
             if data_items is None:

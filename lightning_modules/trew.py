@@ -138,7 +138,7 @@ class ClassUnlearning(ImageClassifier):
 
     def setup(self, stage: str) -> None:
         super().setup(stage)  # init_from
-        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        datamodule = self.attached_datamodule
         data_forget = getattr(datamodule, "forget_class", self.forget_class)
         if data_forget != self.forget_class:
             raise UserInputError(f"model.forget_class={self.forget_class} but data.forget_class={data_forget}: "
