@@ -6,6 +6,7 @@ write into the repository; configs are passed by absolute path.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -21,9 +22,28 @@ QUICK_CONFIGS = sorted(str(p.relative_to(REPO)) for p in REPO.glob("configs/*/*q
 PAPER_CONFIGS = sorted(str(p.relative_to(REPO)) for p in REPO.glob("configs/*/*paper.yaml"))
 SWEEP_FILES = sorted(str(p.relative_to(REPO)) for p in REPO.glob("configs/sweeps/*.yaml"))
 
-# Configs that fine-tune another config's result: the harness first fits the prerequisite for a few
-# steps and passes its checkpoint as --model.init_args.init_from.
-PREREQUISITES = {"configs/trew/quick.yaml": "configs/trew/classifier_quick.yaml"}
+
+
+def _declared_prerequisites() -> dict[str, str]:
+    """Configs that fine-tune another config's result declare it in a comment line of their own:
+
+        # prerequisite: configs/<paper>/<stage>_quick.yaml
+
+    The harness first fits the prerequisite for a few steps and passes its checkpoint as
+    --model.init_args.init_from.
+    """
+    found = {}
+    for config in QUICK_CONFIGS:
+        for line in (REPO / config).read_text().splitlines():
+            match = re.match(r"#\s*prerequisite:\s*(\S+)\s*$", line)
+            if match:
+                if not (REPO / match.group(1)).is_file():
+                    raise FileNotFoundError(f"{config} names a prerequisite that does not exist: {match.group(1)}")
+                found[config] = match.group(1)
+    return found
+
+
+PREREQUISITES = _declared_prerequisites()
 
 
 @pytest.fixture(autouse=True)
