@@ -1,0 +1,177 @@
+"""Throughput of the RLVR core: KV-cache sampler vs transformers' ``generate``, and GRPO steps/s.
+
+    python -m experiments.rlvr_speed            # ~2-4 min on 2 cores, one thread
+    python -m experiments.rlvr_speed --device cuda --batch 1024 --new-tokens 256   # on a GPU
+
+Generation: a randomly initialised transformers GPT-2 built in code (d 256, 4 layers, 4 heads, vocab 512: ~3.5M
+parameters, nothing downloaded), the same batch of prompts (``--prompts`` x ``--samples`` rollouts, prompt length
+16, left-padded), the same number of new tokens (EOS disabled, so every row generates all of them), temperature 1.0
+sampling. Arms: our sampler (`lightning_modules.rollouts.sample_completions`, one prefill per prompt + KV cache)
+on that GPT-2 through `HFCausalLM`; transformers ``generate(do_sample=True)`` on the same model (rollouts expanded
+before the call, as TRL does); our sampler on a `TinyGPT` of the same width/depth; and our sampler without the
+cache (recomputing the sequence each step). Timings are the minimum over ``--repeats`` runs after one warm-up.
+
+GRPO: optimiser steps/s of ``configs/grpo/quick.yaml`` (8 prompts x 4 rollouts, TinyGPT 0.35M) and of the method
+card's step (32 prompts x 8 rollouts), from a randomly initialised policy (init_from=null; validation off).
+Writes results/rlvr_speed.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+import torch
+from lightning.pytorch import Callback
+
+from lightning_modules.rollouts import TransformersGenerate, sample_completions
+from lightning_modules.tiny_gpt import HFCausalLM, TinyGPT
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class NoEOS:
+    """Special ids for timing: pad 0 and no EOS, so every rollout generates exactly max_new_tokens tokens."""
+    pad_id, eos_id, bos_id, vocab_size = 0, None, None, 512
+
+
+def build_gpt2(folder: str, vocab: int, width: int, layers: int, heads: int, positions: int) -> str:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=vocab, n_positions=positions, n_embd=width, n_layer=layers, n_head=heads,
+                        bos_token_id=None, eos_token_id=None, pad_token_id=0)
+    GPT2LMHeadModel(config).save_pretrained(folder)
+    return folder
+
+
+def best_time(fn, repeats: int, device: str) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def generation_speed(args) -> dict:
+    device = args.device
+    folder = build_gpt2(tempfile.mkdtemp(), 512, args.width, args.layers, args.heads, 16 + args.new_tokens + 8)
+    policy = HFCausalLM(folder, attn_implementation="sdpa").to(device).eval()
+    torch.manual_seed(0)
+    tiny = TinyGPT(vocab_size=512, n_layer=args.layers, d_model=args.width, n_head=args.heads,
+                   context_length=16 + args.new_tokens + 8).to(device).eval()
+    gen = torch.Generator(device=device)
+    prompts = torch.randint(3, 512, (args.prompts, 16), generator=torch.Generator().manual_seed(0)).to(device)
+    mask = torch.ones_like(prompts, dtype=torch.bool)
+    lengths = torch.randint(8, 17, (args.prompts,), generator=torch.Generator().manual_seed(1)).to(device)
+    mask &= torch.arange(16, device=device)[None, :] >= (16 - lengths)[:, None]  # left padding
+    prompts = prompts.masked_fill(~mask, 0)
+    counts = torch.full((args.prompts,), args.samples, dtype=torch.long)
+    rollouts, tokens = args.prompts * args.samples, args.prompts * args.samples * args.new_tokens
+
+    def ours(model, cache=True):
+        def run():
+            out = sample_completions(model, prompts, mask, counts, args.new_tokens, 1.0, NoEOS, gen.manual_seed(0),
+                                     use_cache=cache)
+            assert out[0].shape == (rollouts, args.new_tokens)
+        return run
+
+    def transformers_generate():
+        engine = TransformersGenerate()
+        out = engine.generate(policy, prompts, mask, counts, args.new_tokens, 1.0, NoEOS)
+        assert out[0].shape == (rollouts, args.new_tokens), out[0].shape
+
+    params = sum(p.numel() for p in policy.parameters())
+    arms = {"ours_kv_cache_gpt2": ours(policy), "transformers_generate_gpt2": transformers_generate,
+            "ours_kv_cache_tinygpt": ours(tiny)}
+    if not args.skip_no_cache:
+        arms["ours_no_cache_gpt2"] = ours(policy, cache=False)
+    result = {"model": f"GPT-2 random init, d {args.width}, {args.layers} layers, {args.heads} heads, vocab 512, "
+                       f"{params / 1e6:.2f}M params", "device": device, "prompts": args.prompts,
+              "samples_per_prompt": args.samples, "rollouts": rollouts, "new_tokens": args.new_tokens,
+              "prompt_length": 16, "temperature": 1.0, "repeats": args.repeats, "arms": {}}
+    with torch.no_grad():
+        for name, fn in arms.items():
+            seconds = best_time(fn, args.repeats, device)
+            result["arms"][name] = {"seconds": seconds, "tokens_per_s": tokens / seconds}
+            print(f"{name:30s} {seconds:8.3f} s  {tokens / seconds:12.0f} tokens/s", flush=True)
+    base = result["arms"]["transformers_generate_gpt2"]["tokens_per_s"]
+    result["speedup_vs_generate"] = result["arms"]["ours_kv_cache_gpt2"]["tokens_per_s"] / base
+    return result
+
+
+class StepClock(Callback):
+    """Wall time from the start of the 3rd training batch (after warm-up) to the end of training."""
+
+    def __init__(self) -> None:
+        self.start, self.batches = None, 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.batches += 1
+        if self.batches == 3:
+            self.start, self.steps_at_start = time.perf_counter(), trainer.global_step
+
+    def on_train_end(self, trainer, pl_module):
+        self.seconds = time.perf_counter() - self.start
+        self.steps = trainer.global_step - self.steps_at_start
+
+
+def grpo_speed(extra: list[str], steps: int, device: str) -> dict:
+    import train
+
+    cli = train.main(args=["--config", os.path.join(REPO, "configs/grpo/quick.yaml"),
+                           "--model.init_args.init_from=null", f"--trainer.max_steps={steps}",
+                           "--trainer.limit_val_batches=0",
+                           "--trainer.num_sanity_val_steps=0", "--trainer.logger=false",
+                           "--trainer.enable_checkpointing=false", "--trainer.callbacks=[]",
+                           "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+                           f"--trainer.accelerator={'gpu' if device == 'cuda' else 'cpu'}", *extra], run=False)
+    clock = StepClock()
+    cli.trainer.callbacks.append(clock)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    return {"steps": clock.steps, "seconds": clock.seconds, "steps_per_s": clock.steps / clock.seconds,
+            "rollouts_per_step": cli.model.hparams.rollouts_per_prompt * cli.datamodule.hparams.batch_size,
+            "args": extra}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--grpo-steps", type=int, default=30)
+    parser.add_argument("--skip-no-cache", action="store_true")
+    parser.add_argument("--output", default=os.path.join(REPO, "results", "rlvr_speed.json"))
+    args = parser.parse_args(argv)
+    if args.device == "cpu":
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    start = time.perf_counter()
+    result = {"note": "measured on a shared machine (other jobs running); minimum over repeats",
+              "torch_threads": torch.get_num_threads(), "generation": generation_speed(args)}
+    result["grpo_quick"] = grpo_speed([], args.grpo_steps, args.device)
+    print(f"GRPO quick.yaml: {result['grpo_quick']['steps_per_s']:.2f} steps/s", flush=True)
+    result["grpo_card_step"] = grpo_speed(["--data.init_args.batch_size=32", "--model.init_args.rollouts_per_prompt=8"],
+                                          args.grpo_steps, args.device)
+    print(f"GRPO 32 prompts x 8 rollouts: {result['grpo_card_step']['steps_per_s']:.2f} steps/s", flush=True)
+    result["wall_s"] = time.perf_counter() - start
+    os.makedirs(os.path.dirname(args.output), exist_ok=True)
+    with open(args.output, "w") as f:
+        json.dump(result, f, indent=2)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

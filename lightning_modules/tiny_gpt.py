@@ -1,0 +1,205 @@
+"""Policies for the RLVR modules: a small GPT for CPU work and a wrapper around any local transformers causal LM.
+
+Both follow one calling convention, so rollouts, GRPO and SFT never look at which one they hold::
+
+    logits, cache = policy(input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False)
+
+* ``input_ids`` [B, L] (prompts LEFT-padded), ``attention_mask`` [B, L_past + L] (True = real token; covers the
+  cached tokens too, as in transformers), ``position_ids`` [B, L] (default: ``cumsum(mask) - 1`` of the full
+  mask, so left padding does not shift positions), ``past_key_values`` the cache returned by the previous call.
+* ``logits`` [B, L, V]; ``cache`` is None unless ``use_cache``.
+* ``policy.select_cache(cache, index)`` gathers cache rows (index may repeat rows): the sampler prefills each
+  prompt once and then expands the cache to the prompt's rollouts.
+
+`TinyGPT` is a pre-LayerNorm decoder (learned positions, GELU MLP, no biases in attention) with a KV cache that
+grows by concatenation. Its defaults are the method card's size for the reversed-addition task
+(n_layer 3, d_model 96, 4 heads, context 24: about 0.35M parameters).
+
+`HFCausalLM` loads ``AutoModelForCausalLM`` from a local folder only (``local_files_only=True``: nothing is ever
+downloaded); the tokenizer is read from the same folder by the datamodule (``tokenizer_path``). Dropout is
+disabled by default (TRL's ``disable_dropout``): with dropout active the PPO ratio of an on-policy update is not 1.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lightning_modules.errors import UserInputError, check_range
+
+
+def default_position_ids(attention_mask: torch.Tensor, new_length: int) -> torch.Tensor:
+    """Positions of the last `new_length` tokens: (number of real tokens before each one), pads at 0."""
+    positions = attention_mask.long().cumsum(-1) - 1
+    return positions.clamp(min=0)[:, -new_length:]
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, d_model: int, n_head: int, dropout: float) -> None:
+        super().__init__()
+        self.n_head, self.head_dim = n_head, d_model // n_head
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.proj = nn.Linear(d_model, d_model, bias=False)
+        self.dropout = dropout
+
+    def forward(self, x: torch.Tensor, allowed: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None):
+        batch, length, width = x.shape
+        q, k, v = self.qkv(x).view(batch, length, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None],
+                                             dropout_p=self.dropout if self.training else 0.0)
+        return self.proj(out.transpose(1, 2).reshape(batch, length, width)), (k, v)
+
+
+class Block(nn.Module):
+    def __init__(self, d_model: int, n_head: int, dropout: float) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.attn = CausalSelfAttention(d_model, n_head, dropout)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model),
+                                 nn.Dropout(dropout))
+
+    def forward(self, x, allowed, past):
+        attended, present = self.attn(self.ln1(x), allowed, past)
+        x = x + attended
+        return x + self.mlp(self.ln2(x)), present
+
+
+class TinyGPT(nn.Module):
+    """A small decoder-only transformer with a KV cache (see the module docstring for the calling convention).
+
+    Args:
+        vocab_size: number of token ids (must cover the datamodule's tokenizer; checked by GRPO/SFT).
+        n_layer, d_model, n_head: depth, width and heads (d_model divisible by n_head).
+        context_length: learned positions; prompt + completion must fit.
+        dropout: attention/MLP dropout (0 for RL: the on-policy ratio must be exactly 1).
+    """
+
+    def __init__(self, vocab_size: int = 15, n_layer: int = 3, d_model: int = 96, n_head: int = 4,
+                 context_length: int = 24, dropout: float = 0.0) -> None:
+        super().__init__()
+        for name, value in (("vocab_size", vocab_size), ("n_layer", n_layer), ("d_model", d_model),
+                            ("n_head", n_head), ("context_length", context_length)):
+            check_range(f"TinyGPT.{name}", value, low=1)
+        check_range("TinyGPT.dropout", dropout, 0.0, 1.0, high_inclusive=False)
+        if d_model % n_head:
+            raise UserInputError(f"TinyGPT: d_model={d_model} must be divisible by n_head={n_head}.")
+        self.vocab_size, self.context_length = vocab_size, context_length
+        self.tok_emb = nn.Embedding(vocab_size, d_model)
+        self.pos_emb = nn.Embedding(context_length, d_model)
+        self.blocks = nn.ModuleList(Block(d_model, n_head, dropout) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():  # GPT-2's scaled init of the residual projections
+            if name.endswith("attn.proj.weight") or name.endswith("mlp.2.weight"):
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, 0.0, 0.02)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, past_key_values: list | None = None,
+                use_cache: bool = False):
+        batch, length = input_ids.shape
+        past_length = 0 if past_key_values is None else past_key_values[0][0].shape[2]
+        if attention_mask is None:
+            attention_mask = torch.ones(batch, past_length + length, dtype=torch.bool, device=input_ids.device)
+        attention_mask = attention_mask.bool()
+        if position_ids is None:
+            position_ids = default_position_ids(attention_mask, length)
+        if int(position_ids.max()) >= self.context_length:
+            raise UserInputError(f"TinyGPT: a sequence reaches position {int(position_ids.max())} but "
+                                 f"context_length={self.context_length}. Raise context_length or shorten "
+                                 "prompts / max_new_tokens.")
+        total = past_length + length
+        query_at = torch.arange(past_length, total, device=input_ids.device)
+        key_at = torch.arange(total, device=input_ids.device)
+        causal = key_at[None, :] <= query_at[:, None]  # [L, total]
+        # A query may always see itself: fully padded (left-pad) rows then stay finite instead of NaN.
+        allowed = (causal[None] & attention_mask[:, None, :]) | (key_at[None, None, :] == query_at[None, :, None])
+        x = self.tok_emb(input_ids) + self.pos_emb(position_ids)
+        presents = []
+        for i, block in enumerate(self.blocks):
+            x, present = block(x, allowed, None if past_key_values is None else past_key_values[i])
+            presents.append(present)
+        logits = self.head(self.ln_f(x))
+        return logits, (presents if use_cache else None)
+
+    @staticmethod
+    def select_cache(cache: list, index: torch.Tensor) -> list:
+        """Rows `index` of every layer's (k, v) (repeats allowed): one prefill per prompt, many rollouts."""
+        return [(k.index_select(0, index), v.index_select(0, index)) for k, v in cache]
+
+
+class HFCausalLM(nn.Module):
+    """Any transformers causal LM from a local folder (weights and config; the tokenizer sits in the same folder).
+
+    Args:
+        path: local folder written by ``save_pretrained`` (nothing is downloaded).
+        dtype: ``float32`` (default), ``bfloat16``, ``float16`` or ``auto`` (the checkpoint's dtype).
+        disable_dropout: set every dropout probability to 0 (on-policy PPO ratio exactly 1).
+        gradient_checkpointing: trade compute for memory at scale.
+        attn_implementation: e.g. ``sdpa`` or ``flash_attention_2`` (None: transformers' default).
+        trust_remote_code: only for folders you trust.
+    """
+
+    def __init__(self, path: str, dtype: str = "float32", disable_dropout: bool = True,
+                 gradient_checkpointing: bool = False, attn_implementation: str | None = None,
+                 trust_remote_code: bool = False) -> None:
+        super().__init__()
+        if not os.path.isdir(path) or not os.path.isfile(os.path.join(path, "config.json")):
+            raise UserInputError(f"HFCausalLM: '{path}' is not a local model folder with a config.json. Save a "
+                                 "model there with model.save_pretrained(path) (nothing is downloaded).")
+        dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
+        if dtype not in dtypes:
+            raise UserInputError(f"HFCausalLM: dtype={dtype!r}; choose one of {sorted(dtypes)}.")
+        from transformers import AutoModelForCausalLM
+
+        kwargs = {"local_files_only": True, "dtype": dtypes[dtype], "trust_remote_code": trust_remote_code}
+        if attn_implementation is not None:
+            kwargs["attn_implementation"] = attn_implementation
+        try:
+            self.model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        except (OSError, ValueError) as err:
+            raise UserInputError(f"HFCausalLM: could not load a causal LM from '{path}': {err}") from None
+        if disable_dropout:
+            for module in self.model.modules():
+                if isinstance(module, nn.Dropout):
+                    module.p = 0.0
+            for key in ("attention_dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop", "hidden_dropout"):
+                if hasattr(self.model.config, key):
+                    setattr(self.model.config, key, 0.0)
+        if gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        # transformers >= 5.2x renamed the forward argument `past_key_values` to `cache`
+        self._cache_argument = "cache" if "cache" in inspect.signature(self.model.forward).parameters \
+            else "past_key_values"
+        self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
+        self.context_length = getattr(self.model.config, "max_position_embeddings", None) or getattr(
+            self.model.config, "n_positions", None)
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False):
+        if attention_mask is not None and position_ids is None:
+            position_ids = default_position_ids(attention_mask, input_ids.shape[1])
+        cache = {self._cache_argument: past_key_values} if past_key_values is not None else {}
+        out = self.model(input_ids=input_ids, attention_mask=None if attention_mask is None else attention_mask.long(),
+                         position_ids=position_ids, use_cache=use_cache, **cache)
+        if not use_cache:
+            return out.logits, None
+        return out.logits, getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+
+    @staticmethod
+    def select_cache(cache, index: torch.Tensor):
+        """Rows `index` of a transformers cache (``reorder_cache`` gathers along the batch, repeats allowed)."""
+        cache.reorder_cache(index)
+        return cache
