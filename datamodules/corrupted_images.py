@@ -56,7 +56,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from datamodules.images import (_STREAM_VAL, AUGMENT_PAD, CIFAR_LAYOUT, TensorImages, _find_cifar_dir, _load_cifar,
-                                _load_digits, _require_dir, random_crop_flip, stratified_split)
+                                _load_digits, check_rgb32_arrays, _require_dir, random_crop_flip, stratified_split)
 from datamodules.sampling import evaluation_sampler, mix_seed, training_sampler
 from lightning_modules.errors import UserInputError, check_range
 
@@ -180,18 +180,8 @@ def _read_imagenet32_file(path: str, keep: np.ndarray) -> tuple[Tensor, Tensor]:
         raise UserInputError(f"imagenet32 file '{path}' is not a readable npz archive ({type(err).__name__}: "
                              f"{err}). It is truncated or of another format: re-extract the official release."
                              ) from None
-    if data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
-        raise UserInputError(f"imagenet32 file '{path}': 'data' has shape {data.shape}, expected (N, 3072) = "
-                             "N images of 3x32x32 uint8 pixels (channel-major).")
-    if not np.issubdtype(data.dtype, np.integer) or data.min(initial=0) < 0 or data.max(initial=0) > 255:
-        raise UserInputError(f"imagenet32 file '{path}': 'data' must hold integer pixels in [0, 255] "
-                             f"(got dtype {data.dtype}).")
-    if labels.shape != (len(data),) or not np.issubdtype(labels.dtype, np.integer):
-        raise UserInputError(f"imagenet32 file '{path}': 'labels' must be {len(data)} integers (one per image), "
-                             f"got shape {labels.shape} and dtype {labels.dtype}.")
-    if len(labels) and (labels.min() < 1 or labels.max() > 1000):
-        raise UserInputError(f"imagenet32 file '{path}': 'labels' must lie in 1..1000 (the release is 1-based), "
-                             f"got min {labels.min()} and max {labels.max()}.")
+    # the release's labels are 1-based
+    check_rgb32_arrays(f"imagenet32 file '{path}'", data, labels, "'data'", "'labels' (1-based)", 1, 1000)
     remap = np.full(1000, -1, dtype=np.int64)
     remap[keep] = np.arange(len(keep))
     new_labels = remap[labels.astype(np.int64) - 1]

@@ -392,6 +392,22 @@ def _load_cifar(dataset: str, root: str) -> tuple[TensorImages, TensorImages]:
                  for files in parts)
 
 
+def check_rgb32_arrays(source: str, data: np.ndarray, labels: np.ndarray, data_name: str, labels_name: str,
+                       label_min: int, label_max: int) -> None:
+    """Validate the (N, 3072) uint8 pixel rows and N integer labels of a 32x32 RGB release (CIFAR, ImageNet-32)."""
+    if data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
+        raise UserInputError(f"{source}: {data_name} has shape {data.shape}, expected (N, 3072) = "
+                             "N images of 3x32x32 uint8 pixels (channel-major).")
+    if not np.issubdtype(data.dtype, np.integer) or data.min(initial=0) < 0 or data.max(initial=0) > 255:
+        raise UserInputError(f"{source}: {data_name} must hold integer pixels in [0, 255] (got dtype {data.dtype}).")
+    if labels.shape != (len(data),) or not np.issubdtype(labels.dtype, np.integer):
+        raise UserInputError(f"{source}: {labels_name} must be {len(data)} integer labels (one per image), "
+                             f"got shape {labels.shape} and dtype {labels.dtype}.")
+    if len(labels) and (labels.min() < label_min or labels.max() > label_max):
+        raise UserInputError(f"{source}: {labels_name} has labels outside [{label_min}, {label_max}] "
+                             f"(min {labels.min()}, max {labels.max()}).")
+
+
 def _read_cifar_file(path: str, label_key: str, num_classes: int) -> tuple[Tensor, Tensor]:
     """One CIFAR pickle -> (uint8 pixels N x 3 x 32 x 32, long labels N), validating keys, shapes and ranges.
 
@@ -418,18 +434,7 @@ def _read_cifar_file(path: str, label_key: str, num_classes: int) -> tuple[Tenso
                                  "b'labels', cifar100 b'fine_labels')?")
         found[key] = np.asarray(value)
     data, labels = found["data"], found[label_key]
-    if data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
-        raise UserInputError(f"CIFAR file '{path}': b'data' has shape {data.shape}, expected (N, 3072) = "
-                             "N images of 3x32x32 uint8 pixels.")
-    if not np.issubdtype(data.dtype, np.integer) or data.min(initial=0) < 0 or data.max(initial=0) > 255:
-        raise UserInputError(f"CIFAR file '{path}': b'data' must hold integer pixels in [0, 255] "
-                             f"(got dtype {data.dtype}).")
-    if labels.shape != (len(data),) or not np.issubdtype(labels.dtype, np.integer):
-        raise UserInputError(f"CIFAR file '{path}': b'{label_key}' must be {len(data)} integer labels (one "
-                             f"per image), got shape {labels.shape} and dtype {labels.dtype}.")
-    if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
-        raise UserInputError(f"CIFAR file '{path}': b'{label_key}' has labels outside [0, {num_classes - 1}] "
-                             f"(min {labels.min()}, max {labels.max()}).")
+    check_rgb32_arrays(f"CIFAR file '{path}'", data, labels, "b'data'", f"b'{label_key}'", 0, num_classes - 1)
     pixels = torch.from_numpy(data.astype(np.uint8).reshape(-1, 3, 32, 32))
     return pixels, torch.from_numpy(labels.astype(np.int64))
 
