@@ -36,10 +36,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from callbacks.rollout_allocation import DARSAllocator, UniformAllocator
-from experiments.knapsack_rl import (aggregate, common_arguments, evaluate, markdown, pool_difficulty, quiet,
+from experiments import quiet_single_thread
+from experiments.knapsack_rl import (aggregate, common_arguments, evaluate, markdown, pool_difficulty,
                                      summarise_steps, train_grpo, warm_up)
 
 PAPER = ("Depth-Breadth Synergy in RLVR: Unlocking LLM Reasoning Gains with Adaptive Exploration "
@@ -73,8 +73,7 @@ def plot(path: Path, curves: dict[str, list[list[dict]]], arms: dict) -> None:
 
 
 def run(args) -> dict:
-    quiet()
-    torch.set_num_threads(1)
+    quiet_single_thread()
     start = time.perf_counter()
     per_seed: dict[str, list[dict[str, float]]] = {arm: [] for arm in ARMS}
     curves: dict[str, list[list[dict]]] = {arm: [] for arm in ARMS}

@@ -37,11 +37,9 @@ import argparse
 import functools
 import hashlib
 import json
-import logging
 import os
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +48,7 @@ from lightning.pytorch import Callback, Trainer, seed_everything
 
 from callbacks.rollout_allocation import KnapsackAllocator, RolloutAllocator, UniformAllocator
 from datamodules.verifiable_tasks import VerifiableTaskDataModule, collate_sft
+from experiments import quiet_single_thread
 from lightning_modules.grpo import GRPO, pass_at_k
 from lightning_modules.sft import sft_loss, success_rates
 from lightning_modules.tiny_gpt import TinyGPT
@@ -57,12 +56,6 @@ from lightning_modules.tiny_gpt import TinyGPT
 PAPER = "Knapsack RL: Unlocking Exploration of LLMs via Optimizing Budget Allocation (arXiv 2509.25849)"
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 EVAL_SAMPLES = 32
-
-
-def quiet() -> None:
-    warnings.filterwarnings("ignore")
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
-        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def common_arguments(parser: argparse.ArgumentParser, seeds: int, steps: int) -> argparse.ArgumentParser:
@@ -291,8 +284,7 @@ def plot(path: Path, allocations: list, curves: dict[str, list[list[dict]]], rol
 
 
 def run(args) -> dict:
-    quiet()
-    torch.set_num_threads(1)
+    quiet_single_thread()
     start = time.perf_counter()
     per_seed: dict[str, list[dict[str, float]]] = {"uniform": [], "knapsack": []}
     curves: dict[str, list[list[dict]]] = {"uniform": [], "knapsack": []}

@@ -34,9 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import time
-import warnings
 from functools import partial
 from pathlib import Path
 
@@ -45,6 +43,7 @@ import torch
 from lightning.pytorch import Trainer, seed_everything
 
 from datamodules.genomics import DNAClassificationDataModule, DNAPretrainDataModule, motif_edge_mask, motif_hits
+from experiments import quiet_single_thread
 from lightning_modules.base import load_matching_weights
 from lightning_modules.bimamba2 import ssd_chunked, ssd_sequential
 from lightning_modules.ldarnet import LDARNetClassifier, LDARNetPretraining
@@ -217,10 +216,7 @@ def main() -> None:
     parser.add_argument("--no-speed", action="store_true")
     parser.add_argument("--out", default="results")
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    warnings.filterwarnings("ignore")
-    logging.getLogger("lightning").setLevel(logging.ERROR)
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    quiet_single_thread()
     out = Path(args.out)
     out.mkdir(exist_ok=True)
     start = time.time()

@@ -34,10 +34,7 @@ import argparse
 import copy
 import functools
 import json
-import logging
-import os
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +43,7 @@ from lightning.pytorch import Callback, Trainer, seed_everything
 
 from callbacks.ema import EMAWeights
 from datamodules.slide_expression import SlideExpressionDataModule
+from experiments import quiet_single_thread
 from lightning_modules.rna_fm import RNAFM, HE2RNARegressor, TRNAsformerRegressor
 
 PAPER = "RNA-FM: Flow-Matching Generative Model for Genome-wide RNA-Seq Prediction (arXiv 2605.11622)"
@@ -183,11 +181,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--out", default="results")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    warnings.filterwarnings("ignore")
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    quiet_single_thread()
     start = time.perf_counter()
     settings = dict(num_slides=args.slides, num_clusters=args.clusters, epochs=args.epochs, val_every=args.val_every,
                     hidden=args.hidden)

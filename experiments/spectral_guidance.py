@@ -42,10 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import os
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +51,7 @@ from lightning.pytorch import Trainer, seed_everything
 
 from callbacks.ema import EMAWeights
 from datamodules.toy_distributions import DiffusionToyDataModule
+from experiments import quiet_single_thread
 from lightning_modules.denoisers import UNet, MLPDenoiser, from_model_range
 from lightning_modules.spectral_guidance import (
     DiffusionDenoiser, DPSStyleGuide, SpectralGuidanceEncoder, TimeConditionedMLPEncoder, correlation_basis,
@@ -459,11 +457,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--skip-digits", action="store_true")
     parser.add_argument("--out", default="results")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    warnings.filterwarnings("ignore")
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    quiet_single_thread()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
