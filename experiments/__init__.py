@@ -1,13 +1,6 @@
-"""Reproductions of each paper's central claim at small scale: `python -m experiments.<paper>`."""
-import logging
-import warnings
+"""Reproductions of each paper's central claim at small scale: ``python -m experiments.<paper>``.
 
-import torch
-
-
-def quiet_single_thread() -> None:
-    """The experiments' common set-up: one torch thread (2-core machines, stable timings) and no Lightning chatter."""
-    torch.set_num_threads(1)
-    warnings.filterwarnings("ignore")
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+The shared pieces (quiet trainer, keep-best, modules from ``configs/``, seed summary, result writer) live in
+`experiments.kit`.
+"""
+from experiments.kit import quiet_single_thread  # noqa: F401  (older scripts import it from here)
