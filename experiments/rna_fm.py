@@ -11,7 +11,7 @@ pathways + 40 background genes, 25% of genes shifted by a hidden subtype the ima
 features [C, 32]), a 60/20/20 train/val/test split per data seed (model seed = data seed). Every arm trains for
 a fixed number of epochs with validation every ``--val-every`` epochs; the weights of the best validation
 Pearson are kept (RNA-FM: the EMA weights, `callbacks.ema.EMAWeights` with warm-up) and the top-k gene lists
-come from validation. Test metrics (`lightning_modules.rna_fm.expression_metrics`): per-gene Pearson r of the
+come from validation. Test metrics (`lightning_modules.expression_eval.expression_metrics`): per-gene Pearson r of the
 point prediction (RNA-FM: mean of 19 samples) and of one sample, top-20/100 r on validation-chosen genes, RMSE
 (log units), BH-FDR significant genes, 90% rank-interval coverage from 19 samples, energy distance of the pooled
 samples to the test targets per gene, and the sample CRPS, all-gene and bimodal-gene. Regressors' samples are
@@ -44,7 +44,8 @@ from lightning.pytorch import Callback, Trainer, seed_everything
 from callbacks.ema import EMAWeights
 from datamodules.slide_expression import SlideExpressionDataModule
 from experiments import quiet_single_thread
-from lightning_modules.rna_fm import RNAFM, HE2RNARegressor, TRNAsformerRegressor
+from lightning_modules.expression_regressors import HE2RNARegressor, TRNAsformerRegressor
+from lightning_modules.rna_fm import RNAFM
 
 PAPER = "RNA-FM: Flow-Matching Generative Model for Genome-wide RNA-Seq Prediction (arXiv 2605.11622)"
 ARMS = ("RNA-FM", "RNA-FM, CFG 1", "RNA-FM, flat token", "HE2RNA-lite", "tRNAsformer-lite")

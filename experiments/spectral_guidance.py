@@ -53,9 +53,10 @@ from callbacks.ema import EMAWeights
 from datamodules.toy_distributions import DiffusionToyDataModule
 from experiments import quiet_single_thread
 from lightning_modules.denoisers import UNet, MLPDenoiser, from_model_range
-from lightning_modules.spectral_guidance import (
-    DiffusionDenoiser, DPSStyleGuide, SpectralGuidanceEncoder, TimeConditionedMLPEncoder, correlation_basis,
-    guided_ddim_sample, make_scheduler, whitening)
+from lightning_modules.diffusion_denoiser import DiffusionDenoiser, make_scheduler
+from lightning_modules.guided_sampling import DPSStyleGuide, guided_ddim_sample
+from lightning_modules.spectral_guidance import (SpectralGuidanceEncoder, TimeConditionedMLPEncoder, correlation_basis,
+                                                 whitening)
 
 PAPER = "Spectral Guidance for Flexible and Efficient Control of Diffusion Models (arXiv 2605.28900)"
 EVAL_T = (20, 50, 100, 200, 300, 400, 500, 600, 700, 800, 900)
@@ -212,7 +213,7 @@ def run_gmm_guidance(seed: int, denoiser_steps: int = 1500, encoder_steps: int =
 
 
 def _spectral_guide(encoder, coefficients, targets, strength, sign_fix):
-    from lightning_modules.spectral_guidance import SpectralGuide
+    from lightning_modules.guided_sampling import SpectralGuide
     return SpectralGuide(encoder, coefficients, targets, strength=strength, sign_fix=sign_fix)
 
 

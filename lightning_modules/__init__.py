@@ -1,26 +1,9 @@
-"""One LightningModule per paper (plus shared building blocks); importing registers CLI short names."""
-from lightning_modules.base import PaperModule
-from lightning_modules.classifier import ImageClassifier
-from lightning_modules.coupled_diffusion import CoupledDiffusion
-from lightning_modules.denoisers import MLPDenoiser, UNet
-from lightning_modules.grpo import GRPO, ExactMatchReward, RewardFunction
-from lightning_modules.ldarnet import LDARNetClassifier, LDARNetPretraining
-from lightning_modules.multi_answer_rl import MultiAnswerGRPO, MultiAnswerReward
-from lightning_modules.nt_ssm import GraphCollaborativeFiltering, LightGCN
-from lightning_modules.rna_fm import RNAFM, HE2RNARegressor, TRNAsformerRegressor
-from lightning_modules.sequential_rec import GRU4Rec, SASRec, SequentialRecommender
-from lightning_modules.sft import SupervisedWarmup
-from lightning_modules.spectral_guidance import (DiffusionDenoiser, SpectralGuidanceEncoder,
-                                                 TimeConditionedConvEncoder, TimeConditionedMLPEncoder)
-from lightning_modules.tamed_sgd import StochasticOracleModule
-from lightning_modules.tiny_gpt import HFCausalLM, TinyGPT
-from lightning_modules.tivdiff import TIVDiff
-from lightning_modules.trew import ClassUnlearning
+"""The ground floor: one LightningModule per paper, its losses, samplers and injected strategy objects
+(rollout allocators, rewards, schedulers), plus building blocks shared by several papers.
 
-__all__ = ["PaperModule", "ImageClassifier", "ClassUnlearning", "StochasticOracleModule", "GraphCollaborativeFiltering",
-           "LightGCN", "SequentialRecommender", "SASRec", "GRU4Rec",
-           "GRPO", "RewardFunction", "ExactMatchReward", "SupervisedWarmup", "TinyGPT", "HFCausalLM",
-           "MultiAnswerGRPO", "MultiAnswerReward",
-           "MLPDenoiser", "UNet", "CoupledDiffusion", "DiffusionDenoiser", "SpectralGuidanceEncoder",
-           "TimeConditionedMLPEncoder", "TimeConditionedConvEncoder", "TIVDiff",
-           "LDARNetPretraining", "LDARNetClassifier", "RNAFM", "HE2RNARegressor", "TRNAsformerRegressor"]
+Import what you need from its module (``from lightning_modules.grpo import GRPO``); this package imports
+nothing eagerly, so loading one module (or the shared error type and answer checking that the datamodules use)
+does not load every model, diffusers or timm. ``train.py`` imports every module of the collection, so short
+names (``--model ImageClassifier``) work on the command line. Nothing here imports ``datamodules``,
+``callbacks``, ``experiments`` or ``train.py`` (``tests/test_layering.py``).
+"""

@@ -3,7 +3,12 @@
 Paper: "Spectral Guidance for Flexible and Efficient Control of Diffusion Models", Gabriel Moreira, Manuel Marques,
 Joao Paulo Costeira, Chenyan Xiong, ICML 2026, arXiv 2605.28900. Official code: github.com/gabmoreira/spectralguidance
 (MIT). The paper's method section was not readable here; everything below follows the official code (train_utils.py,
-spectral.py, encode.py, guidance.py, the two example notebooks) as summarised in the collection's method card.
+spectral.py, encode.py, guidance.py, the two example notebooks); details the code does not settle are listed under
+"Deviations and reconstructions".
+
+Files: this module holds the encoders, the spectral math and `SpectralGuidanceEncoder`; the guided samplers
+(`SpectralGuide`, the DPS-style baseline, guided DDIM) are in `lightning_modules.guided_sampling`, the DDPM prior
+`DiffusionDenoiser` and the noise schedules in `lightning_modules.diffusion_denoiser`.
 
 Method
 ------
@@ -58,8 +63,9 @@ Deviations and reconstructions
   order (single GPU: descending raw variance; DDP: ascending), which makes ``top_k`` truncation path-dependent. The
   constant column is the **first** column here (official: last); ``top_k`` keeps the constant and the k leading
   features. Without truncation this changes nothing (a rotation of a whitened basis leaves p unchanged).
-* Energy ratio: the card describes ||c||^2 / Var(h); the constant coefficient is mean(h), which is not variance, so it
-  is excluded here: sum_{k>=1} c_k^2 / Var(h) in [0, 1] up to the ridge (Bessel's inequality in the sample).
+* Energy ratio (a documented choice): ||c||^2 / Var(h) over all K + 1 coefficients would count the constant
+  coefficient mean(h), which is not variance, so it is excluded here: sum_{k>=1} c_k^2 / Var(h) in [0, 1] up to the
+  ridge (Bessel's inequality in the sample).
 * Guidance needs t on the encode grid; off-grid DDIM timesteps are not guided (as official), and a sampler that
   would guide at no step at all raises an error. With T = 1000 and the default grid (10..990 step 10) DDIM with
   100 or 50 leading-spaced steps lands on the grid.
@@ -84,21 +90,18 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from diffusers import DDIMScheduler, DDPMScheduler
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 
 from lightning_modules.base import PaperModule
+from lightning_modules.diffusion_denoiser import DiffusionDenoiser, check_schedule, load_diffusers_unet, make_scheduler
 from lightning_modules.errors import UserInputError, check_range
+from lightning_modules.guided_sampling import SpectralGuide, guided_ddim_sample
 
 log = logging.getLogger(__name__)
-
-BETA_SCHEDULES = ("linear", "scaled_linear", "squaredcos_cap_v2")
 
 
 # ============================================================================================ encoders
@@ -289,287 +292,7 @@ def energy_ratio(coefficients: Tensor, h: Tensor, constant_first: bool = True) -
     return features.square().sum(-2) / h.var(dim=0, unbiased=False).clamp_min(1e-12)
 
 
-def guidance_direction(grad_p: Tensor, p: Tensor, sign_fix: bool = True, p_floor: float = 1e-3) -> Tensor:
-    """grad log p estimate: grad p / max(p, p_floor) with the sign fix, the official grad p / p without it."""
-    denominator = p.clamp_min(p_floor) if sign_fix else p
-    return grad_p / denominator.reshape(-1, *([1] * (grad_p.dim() - 1)))
-
-
-def clamp_norm(g: Tensor, low: float, high: float) -> Tensor:
-    """Rescale every sample's g to norm clamp(||g||, low, high) (zero stays zero)."""
-    norm = g.flatten(1).norm(dim=1).reshape(-1, *([1] * (g.dim() - 1)))
-    return g / norm.clamp_min(1e-20) * norm.clamp(low, high)
-
-
-# ================================================================================ schedules, sampling
-def make_scheduler(kind: str, num_train_timesteps: int = 1000, beta_start: float = 1e-4, beta_end: float = 0.02,
-                   beta_schedule: str = "linear", clip_sample: bool = False):
-    """A fresh diffusers DDPM/DDIM scheduler (stateful: one per use). ``kind``: "ddpm" or "ddim"."""
-    cls = {"ddpm": DDPMScheduler, "ddim": DDIMScheduler}[kind]
-    return cls(num_train_timesteps=num_train_timesteps, beta_start=beta_start, beta_end=beta_end,
-               beta_schedule=beta_schedule, prediction_type="epsilon", clip_sample=clip_sample)
-
-
-def _check_schedule(num_train_timesteps: int, beta_start: float, beta_end: float, beta_schedule: str) -> None:
-    check_range("num_train_timesteps", num_train_timesteps, 2)
-    check_range("beta_start", beta_start, 0.0, 1.0, low_inclusive=False, high_inclusive=False)
-    check_range("beta_end", beta_end, beta_start, 1.0, high_inclusive=False)
-    if beta_schedule not in BETA_SCHEDULES:
-        raise UserInputError(f"beta_schedule={beta_schedule!r} is unknown: choose one of {', '.join(BETA_SCHEDULES)}.")
-
-
-def predict_eps(denoiser: nn.Module, x: Tensor, t: Tensor | int) -> Tensor:
-    """eps_hat(x, t) of a collection denoiser (x, t[B]) -> tensor or a diffusers UNet2DModel (-> .sample)."""
-    t_batch = torch.as_tensor(t, device=x.device).reshape(-1).expand(len(x)).long()
-    out = denoiser(x, t_batch)
-    return out.sample if hasattr(out, "sample") else out
-
-
-class GuidanceStats:
-    """Counters a guide fills while sampling: guided steps, encoder / denoiser backward passes."""
-
-    def __init__(self) -> None:
-        self.guided_steps = self.encoder_backprops = self.denoiser_backprops = 0
-        self.estimates = self.estimates_below_floor = 0   # (sample, step) pairs; p <= p_floor: where the sign matters
-
-
-class SpectralGuide:
-    """The spectral-guidance shift at DDIM step t (None when t is not guided). Never touches the denoiser.
-
-    Args:
-        encoder: a `SpectralGuidanceEncoder` that has been ``encode``d.
-        coefficients: [G, K+1, M] spectral coefficients (constant first) on the encoder's grid.
-        targets: [B] index into M for every sample of the batch (e.g. the wanted class).
-        strength: s. grad_clip_min/max: the per-sample norm clamp. top_k: number of leading features kept (None:
-        all). guidance_t_min/max: the guidance window. sign_fix/p_floor: see the module docstring.
-    """
-
-    needs_denoiser_grad = False
-
-    def __init__(self, encoder: "SpectralGuidanceEncoder", coefficients: Tensor, targets: Tensor,
-                 strength: float = 10.0, guidance_t_min: int = 0, guidance_t_max: int = 1000,
-                 grad_clip_min: float = 0.1, grad_clip_max: float = 0.3, top_k: int | None = None,
-                 sign_fix: bool = True, p_floor: float = 1e-3) -> None:
-        check_range("strength", strength, 0.0)
-        check_range("grad_clip_min", grad_clip_min, 0.0)
-        check_range("grad_clip_max", grad_clip_max, grad_clip_min)
-        if not bool(encoder.encoded):
-            raise UserInputError("the encoder has no whitening yet: call encoder.encode(train_x) before guiding.")
-        k = encoder.num_features
-        if coefficients.dim() != 3 or coefficients.shape[:2] != (len(encoder.encode_timesteps), k + 1):
-            raise UserInputError(f"coefficients must have shape [{len(encoder.encode_timesteps)}, {k + 1}, M] (grid "
-                                 f"x (K + 1) x targets), got {tuple(coefficients.shape)}.")
-        if top_k is not None:
-            check_range("top_k", top_k, 0, k)
-        self.encoder, self.coefficients, self.targets = encoder, coefficients, targets.long()
-        self.strength, self.t_min, self.t_max = float(strength), guidance_t_min, guidance_t_max
-        self.clip_min, self.clip_max, self.sign_fix, self.p_floor = grad_clip_min, grad_clip_max, sign_fix, p_floor
-        self.keep = k + 1 if top_k is None else top_k + 1
-        self.alphas_cumprod = encoder.alphas_cumprod
-        self.stats = GuidanceStats()
-        self.last_p: Tensor | None = None
-
-    def is_guided(self, t: int) -> bool:
-        return self.t_min <= t <= self.t_max and self.encoder.grid_index(t) is not None
-
-    def estimate(self, x: Tensor, t: int) -> Tensor:
-        """p(x, t) = Phi~[:, :keep] . c_t[:keep, target] / ||Phi~[:, :keep]|| (differentiable in x)."""
-        index = self.encoder.grid_index(t)
-        phi = self.encoder.forward_whitened(x, t)[:, :self.keep]
-        c = self.coefficients[index, :self.keep].to(phi)[:, self.targets.to(phi.device)].T    # B, keep
-        return (phi * c).sum(-1) / phi.norm(dim=-1).clamp_min(1e-12)
-
-    def __call__(self, x: Tensor, t: int) -> Tensor | None:
-        t = int(t)
-        if not self.is_guided(t):
-            return None
-        with torch.enable_grad():
-            x_in = x.detach().requires_grad_(True)
-            p = self.estimate(x_in, t)
-            (grad_p,) = torch.autograd.grad(p.sum(), x_in)
-        self.stats.guided_steps += 1
-        self.stats.encoder_backprops += 1
-        self.stats.estimates += len(p)
-        self.stats.estimates_below_floor += int((p.detach() <= self.p_floor).sum())
-        self.last_p = p.detach()
-        g = guidance_direction(grad_p, p.detach(), self.sign_fix, self.p_floor)
-        g = clamp_norm(g, self.clip_min, self.clip_max)
-        sigma = (1.0 - self.alphas_cumprod[t]).sqrt().to(x)
-        return self.strength * g * sigma
-
-
-class DPSStyleGuide:
-    """The baseline that backpropagates through the denoiser (DPS / FreeDoM style): g = grad_{x_t} log p(y | x0_hat)
-    with x0_hat = (x_t - sqrt(1 - a_t) eps_hat(x_t)) / sqrt(a_t), shifted with the same rule as `SpectralGuide`
-    (per-sample norm clamp, s sqrt(1 - a_t)) so that only the gradient estimate differs.
-
-    Args:
-        log_likelihood: x0_hat [B, ...] -> [B] differentiable log p(y_b | x0_hat_b) (e.g. an exact GMM posterior).
-        alphas_cumprod: the schedule's cumulative alphas.
-    """
-
-    needs_denoiser_grad = True
-
-    def __init__(self, log_likelihood: Callable[[Tensor], Tensor], alphas_cumprod: Tensor, strength: float = 1.0,
-                 guidance_t_min: int = 0, guidance_t_max: int = 1000, grad_clip_min: float = 0.1,
-                 grad_clip_max: float = 0.3) -> None:
-        check_range("strength", strength, 0.0)
-        self.log_likelihood, self.alphas_cumprod = log_likelihood, alphas_cumprod
-        self.strength, self.t_min, self.t_max = float(strength), guidance_t_min, guidance_t_max
-        self.clip_min, self.clip_max = grad_clip_min, grad_clip_max
-        self.stats = GuidanceStats()
-
-    def is_guided(self, t: int) -> bool:
-        return self.t_min <= t <= self.t_max and t > 0
-
-    def shift_and_eps(self, denoiser: nn.Module, x: Tensor, t: int) -> tuple[Tensor, Tensor | None]:
-        if not self.is_guided(t):
-            with torch.no_grad():
-                return predict_eps(denoiser, x, t), None
-        alpha = self.alphas_cumprod[t].to(x)
-        with torch.enable_grad():
-            x_in = x.detach().requires_grad_(True)
-            eps = predict_eps(denoiser, x_in, t)
-            x0_hat = (x_in - (1 - alpha).sqrt() * eps) / alpha.sqrt()
-            (grad,) = torch.autograd.grad(self.log_likelihood(x0_hat).sum(), x_in)
-        self.stats.guided_steps += 1
-        self.stats.denoiser_backprops += 1
-        shift = self.strength * clamp_norm(grad, self.clip_min, self.clip_max) * (1 - alpha).sqrt()
-        return eps.detach(), shift
-
-
-def guided_ddim_step(scheduler: DDIMScheduler, denoiser: nn.Module, x: Tensor, t: Tensor | int,
-                     guide: Callable | None = None, eta: float = 0.0,
-                     generator: torch.Generator | None = None) -> Tensor:
-    """One DDIM step with an optional guidance shift of x_t. eps_hat comes from the denoiser under no_grad
-    (computed before the shift, as in the official code) unless the guide itself needs the denoiser's gradient
-    (the DPS-style baseline), in which case ``guide.shift_and_eps`` returns both."""
-    if guide is not None and getattr(guide, "needs_denoiser_grad", False):
-        eps, shift = guide.shift_and_eps(denoiser, x, int(t))
-    else:
-        with torch.no_grad():
-            eps = predict_eps(denoiser, x, t)
-        shift = guide(x, int(t)) if guide is not None else None
-    if shift is not None:
-        x = x + shift
-    return scheduler.step(eps, t, x, eta=eta, generator=generator).prev_sample
-
-
-def guided_ddim_sample(denoiser: nn.Module, scheduler: DDIMScheduler, shape: tuple[int, ...], num_inference_steps: int,
-                       guide: Callable | None = None, eta: float = 0.0, generator: torch.Generator | None = None,
-                       device: torch.device | str = "cpu") -> Tensor:
-    """DDIM sampling (diffusers scheduler) from pure noise, with an optional guide at every step."""
-    check_range("num_inference_steps", num_inference_steps, 1, scheduler.config.num_train_timesteps)
-    scheduler.set_timesteps(num_inference_steps)
-    if guide is not None and hasattr(guide, "is_guided") and not any(guide.is_guided(int(t)) for t in
-                                                                     scheduler.timesteps):
-        raise UserInputError(f"no DDIM timestep of {num_inference_steps} steps lies on the encode grid inside the "
-                             "guidance window, so nothing would be guided: choose num_inference_steps so that the "
-                             "timesteps land on the grid (T=1000: 50 or 100) or widen guidance_t_min/max.")
-    x = torch.randn(shape, generator=generator, device="cpu" if generator is None else generator.device).to(device)
-    for t in scheduler.timesteps:
-        x = guided_ddim_step(scheduler, denoiser, x, t, guide, eta, generator).detach()
-    return x
-
-
-def load_diffusers_unet(path: str) -> nn.Module:
-    """A pretrained ``UNet2DModel`` from a local diffusers folder (the model folder or a pipeline with unet/)."""
-    if not os.path.isdir(path):
-        raise UserInputError(f"denoiser_path '{path}' does not exist: give a local diffusers-format folder (e.g. a "
-                             "copy of google/ddpm-cifar10-32 with config.json and diffusion_pytorch_model."
-                             "safetensors/.bin, or a pipeline folder with unet/). Nothing is downloaded.")
-    subfolder = "unet" if os.path.isfile(os.path.join(path, "unet", "config.json")) else None
-    if not os.path.isfile(os.path.join(path, subfolder or "", "config.json")):
-        raise UserInputError(f"denoiser_path '{path}' holds no config.json (nor unet/config.json): it is not a "
-                             "diffusers UNet2DModel folder.")
-    from diffusers import UNet2DModel
-    try:
-        return UNet2DModel.from_pretrained(path, subfolder=subfolder, local_files_only=True)
-    except (OSError, ValueError, EnvironmentError) as err:
-        raise UserInputError(f"denoiser_path '{path}' could not be loaded as a UNet2DModel: {err}") from None
-
-
-# ============================================================================================ modules
-class DiffusionDenoiser(PaperModule):
-    """DDPM eps-prediction model (the pretrained prior that Spectral Guidance steers).
-
-    Args:
-        denoiser: the network eps(x_t, t) (``lightning_modules.denoisers.MLPDenoiser`` / ``UNet``); None with
-            ``denoiser_path``.
-        denoiser_path: local diffusers ``UNet2DModel`` folder to load instead (pretrained DDPM; frozen unless
-            ``train_pretrained``).
-        num_train_timesteps, beta_start, beta_end, beta_schedule: the DDPM noise schedule (diffusers).
-        clip_sample: clamp x0_hat to [-1, 1] in the sampler (images: True; vectors: False).
-        sample_steps, sample_eta: DDIM settings of ``predict_step`` / ``sample``.
-        train_pretrained: fine-tune a loaded pretrained denoiser instead of freezing it.
-    """
-
-    def __init__(self, denoiser: nn.Module | None = None, denoiser_path: str | None = None,
-                 num_train_timesteps: int = 1000, beta_start: float = 1e-4, beta_end: float = 0.02,
-                 beta_schedule: str = "linear", clip_sample: bool = False, sample_steps: int = 50,
-                 sample_eta: float = 0.0, train_pretrained: bool = False,
-                 optimizer: OptimizerCallable = torch.optim.Adam, lr_scheduler: LRSchedulerCallable | None = None,
-                 init_from: str | None = None, init_from_trusted: bool = False) -> None:
-        super().__init__(optimizer, lr_scheduler, init_from, init_from_trusted)
-        self.save_hyperparameters()
-        _check_schedule(num_train_timesteps, beta_start, beta_end, beta_schedule)
-        check_range("sample_steps", sample_steps, 1, num_train_timesteps)
-        check_range("sample_eta", sample_eta, 0.0, 1.0)
-        if (denoiser is None) == (denoiser_path is None):
-            raise UserInputError("DiffusionDenoiser needs exactly one of `denoiser` (a network to train) and "
-                                 "`denoiser_path` (a local pretrained diffusers UNet2DModel folder).")
-        self.denoiser = denoiser if denoiser is not None else load_diffusers_unet(denoiser_path)
-        if denoiser_path is not None and not train_pretrained:
-            self.denoiser.requires_grad_(False)
-        self.schedule = dict(num_train_timesteps=num_train_timesteps, beta_start=beta_start, beta_end=beta_end,
-                             beta_schedule=beta_schedule, clip_sample=clip_sample)
-        self.noise_scheduler = make_scheduler("ddpm", **self.schedule)
-        self.register_buffer("alphas_cumprod", self.noise_scheduler.alphas_cumprod.clone(), persistent=False)
-        self.sample_steps, self.sample_eta = sample_steps, sample_eta
-
-    def forward(self, x: Tensor, t: Tensor) -> Tensor:
-        return predict_eps(self.denoiser, x, t)
-
-    def trainable_parameters(self):
-        params = super().trainable_parameters()
-        if not params:
-            raise UserInputError("this DiffusionDenoiser has nothing to train: the pretrained denoiser_path model is "
-                                 "frozen. Set train_pretrained: true to fine-tune it, or use it for sampling only.")
-        return params
-
-    def _loss(self, x0: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        t = torch.randint(0, self.schedule["num_train_timesteps"], (len(x0),), generator=generator,
-                          device="cpu" if generator is not None else x0.device).to(x0.device)
-        noise = torch.randn(x0.shape, generator=generator, device="cpu" if generator is not None else x0.device)
-        noise = noise.to(x0)
-        x_t = self.noise_scheduler.add_noise(x0, noise, t)
-        return F.mse_loss(self(x_t, t), noise)
-
-    def training_step(self, batch, batch_idx):
-        loss = self._loss(batch[0])
-        self.log("train/loss", loss, prog_bar=True)
-        return loss
-
-    def validation_step(self, batch, batch_idx):
-        loss = self._loss(batch[0], torch.Generator().manual_seed(batch_idx))
-        self.log("val/loss", loss, prog_bar=True, sync_dist=True)
-        return loss
-
-    def ddim_scheduler(self) -> DDIMScheduler:
-        return make_scheduler("ddim", **self.schedule)
-
-    @torch.no_grad()
-    def sample(self, num_samples: int, data_shape: tuple[int, ...], num_inference_steps: int | None = None,
-               eta: float | None = None, generator: torch.Generator | None = None) -> Tensor:
-        """Unguided DDIM samples [num_samples, *data_shape]."""
-        return guided_ddim_sample(self.denoiser, self.ddim_scheduler(), (num_samples, *data_shape),
-                                  num_inference_steps or self.sample_steps, None,
-                                  self.sample_eta if eta is None else eta, generator, self.device)
-
-    def predict_step(self, batch, batch_idx, dataloader_idx: int = 0):
-        """DDIM samples shaped like the batch, seeded by the batch index (deterministic)."""
-        x0 = batch[0]
-        return self.sample(len(x0), tuple(x0.shape[1:]), generator=torch.Generator().manual_seed(batch_idx))
+# ============================================================================================ the module
 
 
 class SpectralGuidanceEncoder(PaperModule):
@@ -600,7 +323,7 @@ class SpectralGuidanceEncoder(PaperModule):
                  init_from: str | None = None, init_from_trusted: bool = False) -> None:
         super().__init__(optimizer, lr_scheduler, init_from, init_from_trusted)
         self.save_hyperparameters()
-        _check_schedule(num_train_timesteps, beta_start, beta_end, beta_schedule)
+        check_schedule(num_train_timesteps, beta_start, beta_end, beta_schedule)
         check_range("ridge", ridge, 0.0)
         check_range("eps", eps, 0.0)
         for name, value in (("train_t_min", train_t_min), ("encode_t_min", encode_t_min)):

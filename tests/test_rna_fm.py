@@ -12,12 +12,13 @@ import torch
 
 from datamodules.slide_expression import SlideExpressionDataModule, read_pathway_json, synthetic_slides
 from lightning_modules.errors import UserInputError
-from lightning_modules.rna_fm import (RNAFM, AdaLNZeroBlock, HE2RNARegressor, PathwayGraphBlock, PathwayHeads,
-                                      PathwayTokenizer, RaggedLayout, TRNAsformerRegressor, attention_bias,
-                                      benjamini_hochberg, cfg_combine, coverage_counts, energy_distance_1d,
-                                      expression_metrics, integrate, interpolate, interval_coverage,
-                                      pearson_pvalues, per_gene_pearson, sample_crps, shared_gene_adjacency,
-                                      target_velocity, top_k_genes)
+from lightning_modules.expression_eval import (benjamini_hochberg, energy_distance_1d, expression_metrics,
+                                               interval_coverage, pearson_pvalues, per_gene_pearson, sample_crps,
+                                               top_k_genes)
+from lightning_modules.expression_regressors import HE2RNARegressor, TRNAsformerRegressor
+from lightning_modules.rna_fm import (RNAFM, AdaLNZeroBlock, PathwayGraphBlock, PathwayHeads, PathwayTokenizer,
+                                      RaggedLayout, attention_bias, cfg_combine, coverage_counts, integrate,
+                                      interpolate, shared_gene_adjacency, target_velocity)
 
 SMALL_DATA = dict(num_slides=60, num_pathway_genes=24, num_pathways=4, num_background_genes=6, num_clusters=8,
                   feature_dim=8, batch_size=16, eval_batch_size=32)

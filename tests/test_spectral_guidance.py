@@ -10,11 +10,12 @@ import torch
 from datamodules.toy_distributions import DiffusionToyDataModule, LabelledGMM, make_gmm
 from lightning_modules.denoisers import MLPDenoiser
 from lightning_modules.errors import UserInputError
+from lightning_modules.diffusion_denoiser import DiffusionDenoiser, make_scheduler
+from lightning_modules.guided_sampling import (DPSStyleGuide, SpectralGuide, clamp_norm, guidance_direction,
+                                               guided_ddim_sample, guided_ddim_step, predict_eps)
 from lightning_modules.spectral_guidance import (
-    DiffusionDenoiser, DPSStyleGuide, SpectralGuidanceEncoder, SpectralGuide, TimeConditionedConvEncoder,
-    TimeConditionedMLPEncoder, clamp_norm, correlation_basis, energy_ratio, guidance_direction, guided_ddim_sample,
-    guided_ddim_step, make_scheduler, predict_eps, spectral_coefficients, two_view_correlations, two_view_loss,
-    whitening)
+    SpectralGuidanceEncoder, TimeConditionedConvEncoder, TimeConditionedMLPEncoder, correlation_basis, energy_ratio,
+    spectral_coefficients, two_view_correlations, two_view_loss, whitening)
 
 
 def _gaussian_views(n: int, eigenvalues: list[float], alpha: float, seed: int = 0):
