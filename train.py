@@ -4,15 +4,17 @@
     python train.py fit --config configs/tamed_sgd/quick.yaml --trainer.max_steps=100
     python train.py fit --config configs/trew/paper.yaml --config configs/trainer/gpu.yaml
 
-Every LightningModule / LightningDataModule / Callback of the collection is imported here, so short class
-names (``--model ImageClassifier``) work. W&B runs offline unless ``WANDB_MODE`` is set. Bad user input
+Every module of ``lightning_modules``, ``datamodules`` and ``callbacks`` is imported here (`import_collection`),
+so short class names (``--model ImageClassifier``) work. W&B runs offline unless ``WANDB_MODE`` is set. Bad user input
 (a missing data folder, an out-of-range value, a foreign checkpoint) ends with one ``error:`` line and
 exit status 2, not a library traceback.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import pkgutil
 import sys
 
 os.environ.setdefault("WANDB_MODE", "offline")  # online W&B without an API key fails; opt in explicitly
@@ -21,11 +23,31 @@ from lightning.pytorch import LightningDataModule, LightningModule, Trainer  # n
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
 from lightning.pytorch.loggers import WandbLogger  # noqa: E402
 
-import callbacks  # noqa: E402,F401  (registers short class names)
-import datamodules  # noqa: E402,F401
-import lightning_modules  # noqa: E402,F401
+import callbacks  # noqa: E402
+import datamodules  # noqa: E402
+import lightning_modules  # noqa: E402
 from lightning_modules.base import read_checkpoint  # noqa: E402
 from lightning_modules.errors import UserInputError  # noqa: E402
+
+COLLECTION_PACKAGES = (lightning_modules, datamodules, callbacks)
+
+
+def import_collection() -> list[str]:
+    """Import every module of the collection's packages; returns their names.
+
+    jsonargparse resolves a short class name (``--model ImageClassifier``, ``class_path: KnapsackAllocator``)
+    among the subclasses that are already imported, and the package ``__init__`` files import nothing (so that
+    loading one datamodule does not load every model), so the CLI imports the modules here. A new paper's file
+    is picked up without being listed.
+    """
+    names = sorted(f"{package.__name__}.{info.name}" for package in COLLECTION_PACKAGES
+                   for info in pkgutil.iter_modules(package.__path__))
+    for name in names:
+        importlib.import_module(name)
+    return names
+
+
+COLLECTION_MODULES = import_collection()
 
 
 class RunConfigSaver(SaveConfigCallback):

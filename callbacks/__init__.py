@@ -1,9 +1,7 @@
-"""Cross-paper tricks that attach to any suitable module; importing registers CLI short names."""
-from callbacks.ema import EMAWeights
-from callbacks.rollout_allocation import DARSAllocator, KnapsackAllocator, RolloutAllocator, UniformAllocator
-from callbacks.rsir import RSIRSelfImprovement
-from callbacks.sgd_taming import RobbinsMonroLR, SGDTaming
-from callbacks.trew import TREWReweighting
+"""Cross-paper tricks that attach to any suitable module (EMA, RSIR rounds, TREW reweighting, SGD taming).
 
-__all__ = ["EMAWeights", "RobbinsMonroLR", "RSIRSelfImprovement", "SGDTaming", "TREWReweighting",
-           "RolloutAllocator", "UniformAllocator", "KnapsackAllocator", "DARSAllocator"]
+Import what you need from its module (``from callbacks.ema import EMAWeights``); this package imports nothing
+eagerly. ``train.py`` imports every module of the collection, so short names (``class_path: EMAWeights``) work
+on the command line. Callbacks sit on the top floor: they may import ``lightning_modules`` and ``datamodules``,
+never ``train.py`` or ``experiments`` (``tests/test_layering.py``).
+"""

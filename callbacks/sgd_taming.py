@@ -28,10 +28,11 @@ numerator and denominator, so the tamed direction is a slightly biased estimate 
 vanishes as ``lr -> 0`` (as for tamed Langevin schemes).
 
 How it attaches. `SGDTaming` rewrites ``p.grad`` in ``on_before_optimizer_step`` so that a plain
-``torch.optim.SGD`` step (no momentum, no weight decay) applies the tamed update; `RobbinsMonroLR` gives the
-``lr_n = lr_0 (n + n0)^(-power)`` schedule. The pure functions `tamed_direction`, `dissipative_direction` and
-`clipped_direction` act on a flat vector or on a batch of independent runs (leading dims are runs, the last
-dim is the parameter vector, norms are per run); the callback and ``experiments/tamed_sgd.py`` share them.
+``torch.optim.SGD`` step (no momentum, no weight decay) applies the tamed update; the learning-rate scheduler
+`lightning_modules.schedulers.RobbinsMonroLR` gives the ``lr_n = lr_0 (n + n0)^(-power)`` schedule. The pure
+functions `tamed_direction`, `dissipative_direction` and `clipped_direction` act on a flat vector or on a batch
+of independent runs (leading dims are runs, the last dim is the parameter vector, norms are per run); the
+callback and ``experiments/tamed_sgd.py`` share them.
 
 Deviations and limits: per-group learning rates are supported (one global norm, each group's own lr);
 sharded strategies (FSDP, DeepSpeed, ModelParallel) are refused because a local norm is not the global one.
@@ -43,7 +44,6 @@ from typing import Literal
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
-from torch.optim.lr_scheduler import LRScheduler
 
 from lightning_modules.errors import UserInputError
 
@@ -86,35 +86,6 @@ def clipped_direction(grad: Tensor, max_norm: float = 1.0) -> Tensor:
     """Baseline: ``g * min(1, max_norm / ||g||)`` per run (norm clipping, without Lightning's 1e-6 epsilon)."""
     grad_norm = torch.linalg.vector_norm(grad, dim=-1, keepdim=True)
     return grad * torch.clamp(max_norm / grad_norm, max=1.0)
-
-
-# ----------------------------------------------------------------------------- step-size schedule
-class RobbinsMonroLR(LRScheduler):
-    """``lr_n = base_lr * (n + n0) ** (-power)``, ``n = 0, 1, ...`` counted in scheduler steps.
-
-    ``power`` must lie in (0.5, 1] so that ``sum lr_n = inf`` and ``sum lr_n^2 < inf`` (Robbins-Monro); ``n0 >= 1``
-    delays the decay. With the optimizer's ``lr = 0.5``, ``n0 = 10``, ``power = 0.7`` this is the benchmark's
-    ``gamma_n = 0.5 / (n + 10)^0.7``. Step it once per optimizer step (``interval: step``).
-    """
-
-    def __init__(self, optimizer: torch.optim.Optimizer, n0: float = 10.0, power: float = 0.7,
-                 last_epoch: int = -1) -> None:
-        if not 0.5 < power <= 1.0:
-            raise UserInputError(
-                f"RobbinsMonroLR power={power!r} is out of range: it must lie in (0.5, 1] so that the steps "
-                "satisfy sum lr = inf and sum lr^2 < inf (e.g. power: 0.7).")
-        if not n0 >= 1:
-            raise UserInputError(f"RobbinsMonroLR n0={n0!r} is out of range: it must be >= 1 "
-                                 "(lr_n = base_lr * (n + n0)^-power is undefined or infinite at n = 0 otherwise).")
-        self.n0 = float(n0)
-        self.power = float(power)
-        super().__init__(optimizer, last_epoch)
-
-    def get_lr(self) -> list[float | Tensor]:
-        return self._get_closed_form_lr()
-
-    def _get_closed_form_lr(self) -> list[float | Tensor]:
-        return [base_lr * (self.last_epoch + self.n0) ** (-self.power) for base_lr in self.base_lrs]
 
 
 # ----------------------------------------------------------------------------- the callback

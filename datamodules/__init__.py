@@ -1,17 +1,8 @@
-"""One LightningDataModule per data family; importing registers CLI short names."""
-from datamodules.corrupted_images import CorruptedImageDataModule
-from datamodules.genomics import DNAClassificationDataModule, DNAPretrainDataModule
-from datamodules.images import ImageClassificationDataModule
-from datamodules.interaction_graph import GraphRecDataModule
-from datamodules.many_answer_tasks import ManyAnswerDataModule
-from datamodules.sequences import SequentialRecDataModule
-from datamodules.slide_expression import SlideExpressionDataModule
-from datamodules.stochastic_oracle import StochasticOracleDataModule
-from datamodules.synthetic_faces import FaceDataModule
-from datamodules.toy_distributions import DiffusionToyDataModule
-from datamodules.verifiable_tasks import VerifiableTaskDataModule
+"""The data floor: one LightningDataModule per data family, and the readers they share (`datamodules.readers`).
 
-__all__ = ["ImageClassificationDataModule", "GraphRecDataModule", "SequentialRecDataModule",
-           "StochasticOracleDataModule", "VerifiableTaskDataModule", "ManyAnswerDataModule",
-           "CorruptedImageDataModule", "DiffusionToyDataModule", "FaceDataModule", "DNAPretrainDataModule",
-           "DNAClassificationDataModule", "SlideExpressionDataModule"]
+Import what you need from its module (``from datamodules.images import ImageClassificationDataModule``); this
+package imports nothing eagerly. ``train.py`` imports every module of the collection, so short names
+(``--data ImageClassificationDataModule``) work on the command line. Datamodules import nothing from the models
+except the shared, pure modules listed in ``tests/test_layering.py`` (the error type and answer checking), and
+nothing from ``callbacks``, ``experiments`` or ``train.py``.
+"""

@@ -37,10 +37,10 @@ from pathlib import Path
 
 import numpy as np
 
-from callbacks.rollout_allocation import DARSAllocator, UniformAllocator
 from experiments import quiet_single_thread
 from experiments.knapsack_rl import (aggregate, common_arguments, evaluate, markdown, pool_difficulty,
                                      summarise_steps, train_grpo, warm_up)
+from lightning_modules.rollout_allocation import DARSAllocator, UniformAllocator
 
 PAPER = ("Depth-Breadth Synergy in RLVR: Unlocking LLM Reasoning Gains with Adaptive Exploration "
          "(DARS, arXiv 2508.13755)")

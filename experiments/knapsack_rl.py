@@ -46,10 +46,10 @@ import numpy as np
 import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
 
-from callbacks.rollout_allocation import KnapsackAllocator, RolloutAllocator, UniformAllocator
 from datamodules.verifiable_tasks import VerifiableTaskDataModule, collate_sft
 from experiments import quiet_single_thread
 from lightning_modules.grpo import GRPO, pass_at_k
+from lightning_modules.rollout_allocation import KnapsackAllocator, RolloutAllocator, UniformAllocator
 from lightning_modules.sft import sft_loss, success_rates
 from lightning_modules.tiny_gpt import TinyGPT
 

@@ -198,8 +198,9 @@ def lightning_final_iterate(arm: str, seed: int, num_steps: int):
     """Train `StochasticOracleModule` with the arm's callback through a Trainer (float64); return (x, diverged_at)."""
     from lightning.pytorch import Trainer
 
-    from callbacks.sgd_taming import RobbinsMonroLR, SGDTaming
+    from callbacks.sgd_taming import SGDTaming
     from datamodules.stochastic_oracle import StochasticOracleDataModule
+    from lightning_modules.schedulers import RobbinsMonroLR
     from lightning_modules.tamed_sgd import StochasticOracleModule
 
     trainer = Trainer(max_steps=num_steps, precision="64-true", accelerator="cpu", devices=1, logger=False,

@@ -63,7 +63,7 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 
-from callbacks.rollout_allocation import RolloutAllocator
+from lightning_modules.rollout_allocation import RolloutAllocator
 from datamodules.verifiable_tasks import answers_match
 from lightning_modules.base import PaperModule
 from lightning_modules.errors import UserInputError, check_range

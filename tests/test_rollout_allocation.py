@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from callbacks.rollout_allocation import (DARSAllocator, KnapsackAllocator, RolloutAllocator, UniformAllocator,
-                                          allocate_budget, cumulative_advantage_per_rollout, dars_extra_rollouts,
-                                          greedy_extra_rollouts, knapsack_value, prob_nonzero_gradient,
-                                          released_dp_extra_rollouts, rollout_cost)
+from lightning_modules.rollout_allocation import (DARSAllocator, KnapsackAllocator, RolloutAllocator,
+                                                  UniformAllocator, allocate_budget, cumulative_advantage_per_rollout,
+                                                  dars_extra_rollouts, greedy_extra_rollouts, knapsack_value,
+                                                  prob_nonzero_gradient, released_dp_extra_rollouts, rollout_cost)
 from lightning_modules.errors import UserInputError
 
 CARD_P = torch.tensor([0, 0, 1, 1, .05, .1, .2, .33, .5, .7, .9, .95], dtype=torch.float64)

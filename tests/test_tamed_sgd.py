@@ -10,10 +10,10 @@ from lightning.pytorch import LightningModule, Trainer
 from torch import nn
 from torch.utils.data import DataLoader
 
-from callbacks.sgd_taming import (RobbinsMonroLR, SGDTaming, clipped_direction, dissipative_direction,
-                                  tamed_direction)
+from callbacks.sgd_taming import SGDTaming, clipped_direction, dissipative_direction, tamed_direction
 from datamodules.stochastic_oracle import StochasticOracleDataModule, oracle_noise
 from lightning_modules.errors import UserInputError
+from lightning_modules.schedulers import RobbinsMonroLR
 from lightning_modules.tamed_sgd import OBJECTIVES, StochasticOracleModule, get_objective, sample_objective
 
 QUIET = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
