@@ -14,10 +14,11 @@ from datamodules.genomics import (MOTIFS, DNAClassificationDataModule, DNAPretra
                                   read_genomic_benchmarks, read_nucleotide_transformer, synthetic_motif_task)
 from lightning_modules.bimamba2 import BiMamba2, mamba_ssm_available, ssd_chunked, ssd_scan, ssd_sequential
 from lightning_modules.errors import UserInputError
-from lightning_modules.ldarnet import (IGNORE_INDEX, MASK_TOKEN, PAD_TOKEN, STE, BidirectionalRouter,
-                                       LDARNetClassifier, LDARNetPretraining, WSDSchedule, check_arch_layout, chunk,
-                                       dechunk_ema, fixed_boundaries, mlm_mask, no_weight_decay, parse_layout,
-                                       ratio_loss, reverse_complement, upsample)
+from lightning_modules.ldarnet import (IGNORE_INDEX, LDARNetClassifier, LDARNetPretraining, WSDSchedule, mlm_mask,
+                                       no_weight_decay, reverse_complement)
+from lightning_modules.ldarnet_network import (MASK_TOKEN, PAD_TOKEN, STE, BidirectionalRouter, check_arch_layout,
+                                               chunk, dechunk_ema, fixed_boundaries, parse_layout, ratio_loss,
+                                               upsample)
 
 TINY = dict(arch_layout=["m1t1", ["M1"], "m1"], d_model=[16, 32], d_intermediate=[0, 32], d_state=8, headdim=16,
             ssd_chunk_size=8, attn_heads=2, attn_window=4, rotary_dim=4)
