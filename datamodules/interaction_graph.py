@@ -39,7 +39,8 @@ Batches
   official protocol masks only train items at test (validation items compete); the model decides.
 
 ``num_users``, ``num_items`` (and ``dropped``) load the data on first access. ``train_edge_index()`` is the
-(2, E) train edge tensor and ``normalized_adjacency()`` D^-1/2 A D^-1/2 built from train edges only.
+(2, E) train edge tensor; the model builds its propagation graph D^-1/2 A D^-1/2 from it (train edges only,
+`lightning_modules.nt_ssm.normalized_adjacency`).
 """
 from __future__ import annotations
 
@@ -58,7 +59,6 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from datamodules.sampling import EpochShuffleSampler, evaluation_sampler, training_sampler
 from datamodules.recsys_files import iter_fields, movielens_100k_path, read_recbole_inter
 from lightning_modules.errors import UserInputError, check_range
-from lightning_modules.nt_ssm import normalized_adjacency
 
 log = logging.getLogger(__name__)
 
@@ -190,11 +190,6 @@ class GraphRecDataModule(LightningDataModule):
         """(2, E) long tensor of the train (user, item) edges."""
         users, items = self.data.train
         return torch.from_numpy(np.stack([users, items]))
-
-    def normalized_adjacency(self) -> Tensor:
-        """D^-1/2 A D^-1/2 (sparse, (U+I) x (U+I)) of the train graph."""
-        edges = self.train_edge_index()
-        return normalized_adjacency(edges[0], edges[1], self.num_users, self.num_items)
 
     def item_lists(self, split: str) -> tuple[np.ndarray, np.ndarray]:
         """CSR (indptr, indices) of each user's items in ``split`` ("train", "valid" or "test")."""

@@ -43,6 +43,7 @@ from torch.utils.data import DataLoader
 
 from datamodules.verifiable_tasks import CharTokenizer, HFTokenizer, ListDataset, PromptCollator
 from lightning_modules.errors import UserInputError, check_range
+from lightning_modules.multi_answer_protocol import format_completion
 
 Source = Literal["divisors", "jsonl"]
 AnswerFormat = Literal["multi", "single"]
@@ -120,8 +121,6 @@ def load_many_answer_jsonl(path: str, num_candidates: int) -> list[ManyAnswerExa
 def sft_target(example: ManyAnswerExample, distractors: list[str], answer_format: AnswerFormat, num_candidates: int,
                with_confidence: bool, valid_prob: float, rng: random.Random, style: str = "compact") -> str:
     """One SFT target (see the module docstring): K (or 1) candidates, each gold w.p. `valid_prob`."""
-    from lightning_modules.multi_answer_rl import format_completion
-
     count = num_candidates if answer_format == "multi" else 1
     wrong = [d for d in distractors if d not in example.answers] or list(example.answers)
     picks = [rng.choice(example.answers) if rng.random() < valid_prob else rng.choice(wrong) for _ in range(count)]

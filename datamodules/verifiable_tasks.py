@@ -29,14 +29,13 @@ Batches (the contract of ``/work/rlvr_interface.md``): ``prompt_ids`` [M], ``pro
 SFT batches: ``input_tokens`` [B, L] RIGHT-padded ``BOS prompt target EOS`` and ``loss_mask`` [B, L], True where
 the token is a supervised target (target and EOS; predicted from the previous position).
 
-The verifier (`extract_answer`, `normalize_answer`, `answers_match`) lives here too, next to the data it checks.
+The verifier (`extract_answer`, `normalize_math_answer`, `answers_match`) lives in `lightning_modules.answers`,
+shared by the rewards and the data.
 """
 from __future__ import annotations
 
 import json
 import os
-import re
-from fractions import Fraction
 from typing import Literal
 
 import numpy as np
@@ -47,71 +46,6 @@ from torch.utils.data import DataLoader, Dataset
 from lightning_modules.errors import UserInputError, check_range
 
 TEST_ID_OFFSET = 1_000_000
-
-
-# --------------------------------------------------------------------------------------------- verifier
-def _last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (braces matched), or None."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    depth, i = 0, start + len("\\boxed{") - 1
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[i + 1:j]
-    return None
-
-
-def extract_answer(completion: str) -> str:
-    """The final answer inside a completion: last ``\\boxed{}``, else after the last ``####`` (GSM8K), else after
-    the last "answer is", else the whole text."""
-    boxed = _last_boxed(completion)
-    if boxed is not None:
-        return boxed
-    if "####" in completion:
-        return completion.rsplit("####", 1)[1]
-    match = list(re.finditer(r"answer is[:\s]*", completion, flags=re.IGNORECASE))
-    return completion[match[-1].end():] if match else completion
-
-
-_NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)$")
-_THOUSANDS = re.compile(r"^[+-]?\d{1,3}(,\d{3})+(\.\d+)?$")
-_FRACTION = re.compile(r"^([+-]?\d+)\s*/\s*(\d+)$")
-_LATEX_FRAC = re.compile(r"^([+-]?)\\d?frac\{(\d+)\}\{(\d+)\}$")
-
-
-def normalize_answer(text) -> str:
-    """Canonical form of a short answer, so equivalent spellings compare equal.
-
-    Text: strip spaces, ``$``, ``\\text{}``/``\\left``/``\\right``, a trailing period; lower-case; collapse spaces.
-    Numbers: ``1,000`` -> ``1000``; ``0.50`` / ``1/2`` / ``\\frac{1}{2}`` -> ``1/2``; ``3.0`` -> ``3`` (exact
-    fractions, no float rounding). An integer written with leading zeros (``007``) is kept as text, so digit
-    strings such as the reversed sums of the embedded task are compared exactly.
-    """
-    s = str(text).strip()
-    s = re.sub(r"\\text\{([^}]*)\}", r"\1", s)
-    s = s.replace("\\left", "").replace("\\right", "").replace("\\!", "").replace("$", "")
-    s = re.sub(r"\s+", " ", s).strip().rstrip(".").strip().lower()
-    if _THOUSANDS.match(s):
-        s = s.replace(",", "")
-    latex = _LATEX_FRAC.match(s)
-    if latex:
-        s = f"{latex.group(1)}{latex.group(2)}/{latex.group(3)}"
-    fraction = _FRACTION.match(s)
-    if _NUMBER.match(s) or (fraction and int(fraction.group(2)) != 0):
-        digits = s.lstrip("+-")
-        if len(digits) > 1 and digits[0] == "0" and digits[1].isdigit():
-            return s  # leading zeros carry meaning (digit strings): compare as text
-        value = Fraction(int(fraction.group(1)), int(fraction.group(2))) if fraction else Fraction(s)
-        return str(value)
-    return s
-
-
-def answers_match(completion: str, answers: list[str], extract: bool = True) -> bool:
-    """True when the (extracted) completion equals any acceptable answer after `normalize_answer`."""
-    guess = normalize_answer(extract_answer(completion) if extract else completion)
-    return any(guess == normalize_answer(a) for a in answers)
 
 
 # --------------------------------------------------------------------------------------------- tokenizers

@@ -63,10 +63,10 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 
-from lightning_modules.rollout_allocation import RolloutAllocator
-from datamodules.verifiable_tasks import answers_match
+from lightning_modules.answers import answers_match
 from lightning_modules.base import PaperModule
 from lightning_modules.errors import UserInputError, check_range
+from lightning_modules.rollout_allocation import RolloutAllocator
 from lightning_modules.rollouts import KVCacheSampler, RolloutEngine
 
 

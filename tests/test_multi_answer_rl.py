@@ -7,11 +7,41 @@ import math
 import pytest
 import torch
 
+from lightning_modules.answer_set_metrics import (AnswerSetAccumulator, expected_calibration_error, pass_at_k,
+                                                  set_brier, set_rows)
+from lightning_modules.answers import answer_key, is_correct, normalize_squad_answer
 from lightning_modules.errors import UserInputError
-from lightning_modules.multi_answer_rl import (MultiAnswerReward, answer_key, candidate_set_metrics,
-                                               expected_calibration_error, format_completion, is_correct,
-                                               multi_answer_eval_metrics, normalize_answer, parse_completion,
-                                               pass_at_k, set_brier, single_answer_eval_metrics)
+from lightning_modules.multi_answer_protocol import format_completion, parse_completion
+from lightning_modules.multi_answer_rl import MultiAnswerReward
+
+
+
+# --------------------------------------------------------------------------------------------- helpers
+def candidate_set_metrics(candidates, golds, num_candidates: int, ranked: bool = True) -> dict[str, float]:
+    """Means of `set_rows` over the sets (NaN entries skipped)."""
+    out = {}
+    for name, values in set_rows(candidates, golds, num_candidates, ranked).items():
+        values = [v for v in values if not math.isnan(v)]
+        out[name] = sum(values) / len(values) if values else float("nan")
+    return out
+
+
+def multi_answer_eval_metrics(completions, golds, num_candidates: int, with_confidence: bool, style="compact",
+                              rank_by_confidence: bool = False, completion_tokens=None, ece_bins: int = 10,
+                              require_think: bool = True, require_analysis: bool = True) -> dict[str, float]:
+    """All evaluation metrics of one multi-answer generation per example, through the accumulator."""
+    acc = AnswerSetAccumulator(num_candidates, with_confidence, style, rank_by_confidence, require_think,
+                               require_analysis, ece_bins)
+    acc.add_multi(completions, golds, completion_tokens)
+    return acc.compute()
+
+
+def single_answer_eval_metrics(samples, golds, completion_tokens=None, style="compact") -> dict[str, float]:
+    """The single-answer baseline: ``samples[i]`` are the K completions of example i, scored as one set."""
+    acc = AnswerSetAccumulator(len(samples[0]), False, style, require_think=False)
+    acc.add_single(samples, golds, completion_tokens)
+    return acc.compute()
+
 
 TAGS = ("<think>reasoning</think> <answer1>Flu</answer1> <confidence1>0.5</confidence1> "
         "<answer2>Cold</answer2> <confidence2>0.3</confidence2> <answer3>Covid</answer3> "
@@ -87,7 +117,7 @@ def test_format_completion_round_trips():
 
 
 def test_matching_is_normalised_exact_and_numeric():
-    assert normalize_answer("  The Common-Cold! ") == "commoncold"
+    assert normalize_squad_answer("  The Common-Cold! ") == "commoncold"
     assert is_correct("the flu", ["Flu"]) and is_correct("06", ["6"]) and is_correct("6.0", ["6"])
     assert not is_correct("", ["6"]) and not is_correct("  ", ["6"]) and not is_correct("16", ["6"])
     assert answer_key("06") == answer_key("6")
@@ -336,7 +366,7 @@ def test_jsonl_loader_missing_or_empty_file(tmp_path):
 
 # --------------------------------------------------------------------------------------------- module
 from lightning_modules.grpo import ExactMatchReward  # noqa: E402
-from lightning_modules.multi_answer_rl import AnswerSetAccumulator, MultiAnswerGRPO  # noqa: E402
+from lightning_modules.multi_answer_rl import MultiAnswerGRPO  # noqa: E402
 from lightning_modules.tiny_gpt import TinyGPT  # noqa: E402
 
 

@@ -355,7 +355,8 @@ def test_synthetic_graph_is_seeded_and_train_only_adjacency(small_graph):
     other = GraphRecDataModule(synthetic_users=120, synthetic_items=90, synthetic_clusters=3, seed=6)
     assert torch.equal(again.train_edge_index(), small_graph.train_edge_index())
     assert not torch.equal(other.train_edge_index()[:, :50], small_graph.train_edge_index()[:, :50])
-    adjacency = small_graph.normalized_adjacency().to_dense()
+    edges = small_graph.train_edge_index()
+    adjacency = normalized_adjacency(edges[0], edges[1], small_graph.num_users, small_graph.num_items).to_dense()
     n_users = small_graph.num_users
     assert adjacency.shape == (n_users + small_graph.num_items,) * 2
     assert torch.count_nonzero(adjacency) == 2 * len(small_graph.data.train[0])  # train edges only, symmetric

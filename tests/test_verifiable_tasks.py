@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
-from datamodules.verifiable_tasks import (TEST_ID_OFFSET, CharTokenizer, VerifiableTaskDataModule, answers_match,
-                                          collate_prompts, collate_sft, extract_answer, load_jsonl, load_parquet,
-                                          normalize_answer)
+from datamodules.verifiable_tasks import (TEST_ID_OFFSET, CharTokenizer, VerifiableTaskDataModule, collate_prompts,
+                                          collate_sft, load_jsonl, load_parquet)
+from lightning_modules.answers import answers_match, extract_answer, normalize_math_answer
 from lightning_modules.errors import UserInputError
 from lightning_modules.grpo import ExactMatchReward
 
@@ -18,12 +18,12 @@ from lightning_modules.grpo import ExactMatchReward
                                   ("$42$", "42"), (" Paris. ", "paris"), ("\\text{Yes}", "yes"), ("+7", "7"),
                                   ("New   York", "new york"), ("-2/4", "-0.5")])
 def test_normalisation_equates_equivalent_answers(a, b):
-    assert normalize_answer(a) == normalize_answer(b)
+    assert normalize_math_answer(a) == normalize_math_answer(b)
 
 
 @pytest.mark.parametrize("a, b", [("007", "7"), ("0.5", "0.51"), ("paris", "london"), ("12", "21"), ("1/0", "0")])
 def test_normalisation_keeps_different_answers_apart(a, b):
-    assert normalize_answer(a) != normalize_answer(b)
+    assert normalize_math_answer(a) != normalize_math_answer(b)
 
 
 def test_answer_extraction_and_matching():
