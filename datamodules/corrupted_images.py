@@ -17,7 +17,8 @@ Datasets and the formats read (``data_dir`` is a local folder; nothing is downlo
 -----------------------------------------------------------------------------------
 * ``digits`` (default, embedded): scikit-learn's 8x8 digits, with the same fixed 80/20 train/test split as
   `datamodules.images` (so a classifier trained by `ImageClassificationDataModule` sees the same pixels).
-* ``cifar10`` / ``cifar100``: the official python pickles, read by `datamodules.images` (same layout and errors).
+* ``cifar10`` / ``cifar100``: the official python pickles, read by `datamodules.readers` (same layout and errors
+  as `datamodules.images`).
 * ``imagenet32``: the downsampled-ImageNet npz release, ``Imagenet32_train_npz/train_data_batch_{1..10}.npz`` and
   ``Imagenet32_val_npz/val_data.npz`` (the subfolders may also be flattened into ``data_dir``). Each file holds
   ``data`` (N x 3072 uint8, channel-major 3x32x32) and ``labels`` (N integers in 1..1000). As in the official
@@ -55,8 +56,9 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from datamodules.images import (_STREAM_VAL, AUGMENT_PAD, CIFAR_LAYOUT, TensorImages, _find_cifar_dir, _load_cifar,
-                                _load_digits, check_rgb32_arrays, _require_dir, random_crop_flip, stratified_split)
+from datamodules.images import AUGMENT_PAD, random_crop_flip
+from datamodules.readers import (CIFAR_LAYOUT, VAL_SPLIT_STREAM, TensorImages, check_rgb32_arrays, find_cifar_dir,
+                                 load_cifar, load_digits_images, require_data_dir, stratified_split)
 from datamodules.sampling import evaluation_sampler, mix_seed, training_sampler
 from lightning_modules.errors import UserInputError, check_range
 
@@ -147,7 +149,7 @@ def imagenet32_subset_classes(num_classes: int, subset_seed: int) -> list[int]:
 def _find_imagenet32_files(data_dir: str | None) -> tuple[list[str], str]:
     expected = (f"{IMAGENET32_FOLDERS[0]}/train_data_batch_{{1..10}}.npz and {IMAGENET32_FOLDERS[1]}/"
                 f"{IMAGENET32_VAL} (or all of them directly in data_dir)")
-    root = _require_dir(data_dir, "imagenet32", expected)
+    root = require_data_dir(data_dir, "imagenet32", expected)
 
     def locate(name: str, folder: str) -> str | None:
         for candidate in (os.path.join(root, folder, name), os.path.join(root, name)):
@@ -296,7 +298,7 @@ class CorruptedImageDataModule(LightningDataModule):
                                      "8x8 image has no room to crop). Set augment: false.")
             self.num_classes, self.in_channels, self.image_size = 10, 1, 8
         elif dataset in CIFAR_LAYOUT:
-            self.data_dir = _find_cifar_dir(dataset, data_dir)
+            self.data_dir = find_cifar_dir(dataset, data_dir)
             self.num_classes, self.in_channels, self.image_size = CIFAR_LAYOUT[dataset][4], 3, 32
         else:
             _find_imagenet32_files(data_dir)  # fail at construction, not after a model was built
@@ -311,13 +313,13 @@ class CorruptedImageDataModule(LightningDataModule):
         if self._built:
             return
         if self.dataset_name == "digits":
-            pool, test = _load_digits()
+            pool, test = load_digits_images()
         elif self.dataset_name in CIFAR_LAYOUT:
-            pool, test = _load_cifar(self.dataset_name, self.data_dir)
+            pool, test = load_cifar(self.dataset_name, self.data_dir)
         else:
             pool, test = load_imagenet32(self.data_dir, self.hparams.imagenet_num_classes,
                                          self.hparams.imagenet_subset_seed)
-        train_idx, val_idx = stratified_split(pool.labels, self.val_fraction, mix_seed(self.seed, _STREAM_VAL))
+        train_idx, val_idx = stratified_split(pool.labels, self.val_fraction, mix_seed(self.seed, VAL_SPLIT_STREAM))
         self.mean, self.std = pool.channel_stats(train_idx)
         common = dict(corruption=self.corruption, level=self.corruption_level, mean=self.mean, std=self.std,
                       output=self.output)

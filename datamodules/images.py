@@ -14,6 +14,7 @@ Datasets and the formats read
 
 Nothing is ever downloaded: CIFAR and ImageFolder data are read from a local ``data_dir`` that the user
 provides, and every missing or malformed file raises `UserInputError` naming the file and what was expected.
+The readers (shared with the other image datamodules) are in `datamodules.readers`.
 The CIFAR files are Python pickles, which can execute code when loaded: they are only read from that
 user-provided local folder, which is therefore trusted. Point it only at files from the official source.
 
@@ -46,37 +47,27 @@ return the forget-class / other-class examples of the full split, un-augmented a
 """
 from __future__ import annotations
 
-import os
-import pickle
 from typing import Literal
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from datamodules.readers import (CIFAR10_CLASSES, CIFAR_LAYOUT, VAL_SPLIT_STREAM, FileImages, TensorImages,
+                                find_cifar_dir, load_cifar, load_digits_images, require_data_dir, scan_image_folder,
+                                stratified_split)
 from datamodules.sampling import evaluation_sampler, mix_seed, training_sampler
 from lightning_modules.errors import UserInputError, check_range
 
 DATASETS = ("digits", "cifar10", "cifar100", "imagefolder")
 SPLITS = ("train", "val", "test")
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
-DIGITS_TEST_SEED = 0            # the digits train/test split never changes with `seed`
-DIGITS_TEST_FRACTION = 0.2
 IMAGEFOLDER_STATS_MAX = 10_000  # most training images read to compute ImageFolder mean/std
 AUGMENT_PAD = 4
-
-CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
-# (folder name, training files, test files, label key, number of classes)
-CIFAR_LAYOUT = {
-    "cifar10": ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"],
-                "labels", 10),
-    "cifar100": ("cifar-100-python", ["train"], ["test"], "fine_labels", 100),
-}
-# seed streams, so that the validation split and the shuffle draw independent random numbers
-_STREAM_VAL, _STREAM_STATS = 1, 3  # 2 is the training shuffle (datamodules.sampling)
+# seed stream of the ImageFolder statistics subset; the validation split draws from VAL_SPLIT_STREAM (readers)
+# and the training shuffle from stream 2 (datamodules.sampling), so the three are independent
+_STREAM_STATS = 3
 
 
 class ImageClassificationDataModule(LightningDataModule):
@@ -142,7 +133,7 @@ class ImageClassificationDataModule(LightningDataModule):
             self.class_names = [str(d) for d in range(10)]
         elif dataset in CIFAR_LAYOUT:
             self._check_native_size(resize_to, 32)
-            self.data_dir = _find_cifar_dir(dataset, data_dir)
+            self.data_dir = find_cifar_dir(dataset, data_dir)
             self.num_classes, self.in_channels, self.image_size = CIFAR_LAYOUT[dataset][4], 3, 32
             self.class_names = list(CIFAR10_CLASSES) if dataset == "cifar10" else [str(c) for c in range(100)]
         else:
@@ -150,9 +141,9 @@ class ImageClassificationDataModule(LightningDataModule):
             if isinstance(size, bool) or not isinstance(size, int):
                 raise UserInputError(f"resize_to={resize_to!r} must be an integer (pixels per side).")
             check_range("resize_to", size, 1)
-            self.data_dir = _require_dir(data_dir, "imagefolder", "a folder with train/<class>/*.png|jpg "
+            self.data_dir = require_data_dir(data_dir, "imagefolder", "a folder with train/<class>/*.png|jpg "
                                                                   "and test/<class>/... subfolders")
-            self.class_names, self._files = _scan_image_folder(self.data_dir)
+            self.class_names, self._files = scan_image_folder(self.data_dir)
             self.num_classes, self.in_channels, self.image_size = len(self.class_names), 3, size
 
         if forget_class is not None:
@@ -182,12 +173,12 @@ class ImageClassificationDataModule(LightningDataModule):
         if self._built:
             return
         if self.dataset_name == "digits":
-            pool, test = _load_digits()
+            pool, test = load_digits_images()
         elif self.dataset_name in CIFAR_LAYOUT:
-            pool, test = _load_cifar(self.dataset_name, self.data_dir)
+            pool, test = load_cifar(self.dataset_name, self.data_dir)
         else:
             pool, test = (FileImages(paths, labels, self.image_size) for paths, labels in self._files)
-        val_seed = mix_seed(self.seed, _STREAM_VAL)
+        val_seed = mix_seed(self.seed, VAL_SPLIT_STREAM)
         train_idx, val_idx = stratified_split(pool.labels, self.val_fraction, val_seed)
         # full splits (forget class included): the unlearning loaders and the statistics use these
         self._split = {"train": (pool, train_idx), "val": (pool, val_idx),
@@ -300,215 +291,3 @@ def random_crop_flip(pixels: Tensor, pad: int) -> Tensor:
     top, left = torch.randint(0, 2 * pad + 1, (2,)).tolist()
     out = padded[:, top:top + h, left:left + w]
     return out.flip(-1) if torch.rand(()) < 0.5 else out
-
-
-# ==================================================================================== pixel sources
-class TensorImages:
-    """Images held in memory as integer pixels (N, C, H, W) with values in [0, `scale`]."""
-
-    def __init__(self, pixels: Tensor, labels: Tensor, scale: float) -> None:
-        self.data, self.labels, self.scale = pixels, labels, scale
-
-    def pixels(self, i: int) -> Tensor:
-        return self.data[i].float() / self.scale
-
-    def channel_stats(self, indices: Tensor, chunk: int = 4096) -> tuple[Tensor, Tensor]:
-        """Per-channel mean and std of the [0, 1] pixels of `indices` (chunked, float64 accumulation)."""
-        total = torch.zeros(self.data.shape[1], dtype=torch.float64)
-        squares = torch.zeros_like(total)
-        for start in range(0, len(indices), chunk):
-            x = self.data[indices[start:start + chunk]].double() / self.scale
-            total += x.sum(dim=(0, 2, 3))
-            squares += x.square().sum(dim=(0, 2, 3))
-        return _mean_std(total, squares, len(indices) * self.data.shape[2] * self.data.shape[3])
-
-
-class FileImages:
-    """Image files read lazily with PIL, converted to RGB and resized to `size` x `size`."""
-
-    def __init__(self, paths: list[str], labels: Tensor, size: int) -> None:
-        self.paths, self.labels, self.size = paths, labels, size
-
-    def pixels(self, i: int) -> Tensor:
-        from PIL import Image  # Pillow ships with matplotlib; only ImageFolder needs it
-        path = self.paths[i]
-        try:
-            with Image.open(path) as img:
-                rgb = img.convert("RGB").resize((self.size, self.size), Image.BILINEAR)
-                array = np.asarray(rgb, dtype=np.uint8)
-        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
-            raise UserInputError(f"image '{path}' could not be read ({type(err).__name__}: {err}). "
-                                 "Replace or remove the file (it is truncated or not a PNG/JPEG).") from None
-        return torch.from_numpy(array.copy()).permute(2, 0, 1).float() / 255.0
-
-    def channel_stats(self, indices: Tensor) -> tuple[Tensor, Tensor]:
-        total = torch.zeros(3, dtype=torch.float64)
-        squares = torch.zeros_like(total)
-        for i in indices.tolist():  # one decode per file is inherent to reading images from disk
-            x = self.pixels(i).double()
-            total += x.sum(dim=(1, 2))
-            squares += x.square().sum(dim=(1, 2))
-        return _mean_std(total, squares, len(indices) * self.size * self.size)
-
-
-def _mean_std(total: Tensor, squares: Tensor, count: int) -> tuple[Tensor, Tensor]:
-    mean = total / count
-    var = (squares / count - mean.square()).clamp_min(0.0)
-    # a constant channel has std 0: clamp so that normalising maps it to 0 instead of inf
-    return mean.float(), var.sqrt().clamp_min(1e-6).float()
-
-
-# ========================================================================================== readers
-def _load_digits() -> tuple[TensorImages, TensorImages]:
-    """scikit-learn digits with a fixed stratified 80/20 train/test split (seed DIGITS_TEST_SEED)."""
-    from sklearn.datasets import load_digits
-    x, y = load_digits(return_X_y=True)
-    pixels = torch.from_numpy(x.reshape(-1, 1, 8, 8)).to(torch.uint8)
-    labels = torch.from_numpy(y).long()
-    train_idx, test_idx = stratified_split(labels, DIGITS_TEST_FRACTION, DIGITS_TEST_SEED)
-    return (TensorImages(pixels[train_idx], labels[train_idx], 16.0),
-            TensorImages(pixels[test_idx], labels[test_idx], 16.0))
-
-
-def _find_cifar_dir(dataset: str, data_dir: str | None) -> str:
-    """The folder holding the CIFAR files: `data_dir` itself or its `cifar-*` subfolder. Checks the files."""
-    folder, train_files, test_files, _, _ = CIFAR_LAYOUT[dataset]
-    expected = f"{folder}/{', '.join(train_files + test_files)}"
-    data_dir = _require_dir(data_dir, dataset, f"the official python-version pickles ({expected})")
-    root = os.path.join(data_dir, folder) if os.path.isdir(os.path.join(data_dir, folder)) else data_dir
-    missing = [name for name in train_files + test_files if not os.path.isfile(os.path.join(root, name))]
-    if missing:
-        raise UserInputError(f"{dataset}: '{root}' lacks {', '.join(missing)}. Expected {expected} (data_dir "
-                             f"may be the '{folder}' folder itself or its parent). Download and extract the "
-                             "official CIFAR python version there; nothing is downloaded at run time.")
-    return root
-
-
-def _load_cifar(dataset: str, root: str) -> tuple[TensorImages, TensorImages]:
-    _, train_files, test_files, label_key, num_classes = CIFAR_LAYOUT[dataset]
-    parts = [[_read_cifar_file(os.path.join(root, name), label_key, num_classes) for name in names]
-             for names in (train_files, test_files)]
-    return tuple(TensorImages(torch.cat([p for p, _ in files]), torch.cat([y for _, y in files]), 255.0)
-                 for files in parts)
-
-
-def check_rgb32_arrays(source: str, data: np.ndarray, labels: np.ndarray, data_name: str, labels_name: str,
-                       label_min: int, label_max: int) -> None:
-    """Validate the (N, 3072) uint8 pixel rows and N integer labels of a 32x32 RGB release (CIFAR, ImageNet-32)."""
-    if data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
-        raise UserInputError(f"{source}: {data_name} has shape {data.shape}, expected (N, 3072) = "
-                             "N images of 3x32x32 uint8 pixels (channel-major).")
-    if not np.issubdtype(data.dtype, np.integer) or data.min(initial=0) < 0 or data.max(initial=0) > 255:
-        raise UserInputError(f"{source}: {data_name} must hold integer pixels in [0, 255] (got dtype {data.dtype}).")
-    if labels.shape != (len(data),) or not np.issubdtype(labels.dtype, np.integer):
-        raise UserInputError(f"{source}: {labels_name} must be {len(data)} integer labels (one per image), "
-                             f"got shape {labels.shape} and dtype {labels.dtype}.")
-    if len(labels) and (labels.min() < label_min or labels.max() > label_max):
-        raise UserInputError(f"{source}: {labels_name} has labels outside [{label_min}, {label_max}] "
-                             f"(min {labels.min()}, max {labels.max()}).")
-
-
-def _read_cifar_file(path: str, label_key: str, num_classes: int) -> tuple[Tensor, Tensor]:
-    """One CIFAR pickle -> (uint8 pixels N x 3 x 32 x 32, long labels N), validating keys, shapes and ranges.
-
-    SECURITY: pickle can run code while loading. This only reads files from the user-provided local
-    `data_dir`, which is trusted like any code the user runs; never point it at files of unknown origin.
-    """
-    try:
-        with open(path, "rb") as f:
-            batch = pickle.load(f, encoding="bytes")
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError,
-            IndexError, KeyError, OSError) as err:
-        raise UserInputError(f"CIFAR file '{path}' is not a readable pickle ({type(err).__name__}: {err}). "
-                             "It is truncated or of another format: re-extract the official archive."
-                             ) from None
-    if not isinstance(batch, dict):
-        raise UserInputError(f"CIFAR file '{path}' holds a {type(batch).__name__}, expected a dict with keys "
-                             f"b'data' and b'{label_key}'.")
-    found = {}
-    for key in ("data", label_key):
-        value = batch.get(key.encode(), batch.get(key))
-        if value is None:
-            raise UserInputError(f"CIFAR file '{path}' has no key b'{key}' (keys present: "
-                                 f"{sorted(map(repr, batch))}). Is it the right dataset (cifar10 uses "
-                                 "b'labels', cifar100 b'fine_labels')?")
-        found[key] = np.asarray(value)
-    data, labels = found["data"], found[label_key]
-    check_rgb32_arrays(f"CIFAR file '{path}'", data, labels, "b'data'", f"b'{label_key}'", 0, num_classes - 1)
-    pixels = torch.from_numpy(data.astype(np.uint8).reshape(-1, 3, 32, 32))
-    return pixels, torch.from_numpy(labels.astype(np.int64))
-
-
-def _scan_image_folder(root: str) -> tuple[list[str], list[tuple[list[str], Tensor]]]:
-    """Class names (sorted train subfolders) and, for train and test, (file paths, labels)."""
-    trees = {}
-    for split in ("train", "test"):
-        split_dir = os.path.join(root, split)
-        if not os.path.isdir(split_dir):
-            raise UserInputError(f"imagefolder: '{split_dir}' is missing. Expected "
-                                 "data_dir/train/<class>/*.png|jpg and data_dir/test/<class>/*.png|jpg.")
-        entries = sorted(e for e in os.listdir(split_dir) if not e.startswith("."))
-        stray = [e for e in entries if not os.path.isdir(os.path.join(split_dir, e))]
-        if stray:
-            raise UserInputError(f"imagefolder: '{split_dir}' must hold only class subfolders, but has the "
-                                 f"file(s) {', '.join(stray[:5])}. Move them out.")
-        trees[split] = entries
-    classes = trees["train"]
-    if not classes:
-        raise UserInputError(f"imagefolder: '{os.path.join(root, 'train')}' has no class subfolders.")
-    if trees["test"] != classes:
-        missing = sorted(set(classes) - set(trees["test"]))
-        extra = sorted(set(trees["test"]) - set(classes))
-        raise UserInputError(f"imagefolder: the test classes do not match the train classes (missing in "
-                             f"test/: {missing or 'none'}; only in test/: {extra or 'none'}). Both folders "
-                             "need the same class subfolders.")
-    files = []
-    for split in ("train", "test"):
-        paths, labels = [], []
-        for label, name in enumerate(classes):
-            class_dir = os.path.join(root, split, name)
-            names = sorted(n for n in os.listdir(class_dir) if not n.startswith("."))
-            bad = [n for n in names if os.path.splitext(n)[1].lower() not in IMAGE_EXTENSIONS]
-            if bad:
-                raise UserInputError(f"imagefolder: '{os.path.join(class_dir, bad[0])}' is not a "
-                                     f".png/.jpg/.jpeg image ({len(bad)} such file(s) in this folder). "
-                                     "Convert or remove them.")
-            if not names:
-                raise UserInputError(f"imagefolder: class folder '{class_dir}' has no images.")
-            paths += [os.path.join(class_dir, n) for n in names]
-            labels += [label] * len(names)
-        files.append((paths, torch.tensor(labels, dtype=torch.long)))
-    return classes, files
-
-
-def _require_dir(data_dir: str | None, dataset: str, expected: str) -> str:
-    if data_dir is None:
-        raise UserInputError(f"dataset={dataset!r} needs data_dir: a local folder with {expected}. "
-                             "Nothing is downloaded at run time.")
-    path = os.path.expanduser(str(data_dir))
-    if not os.path.isdir(path):
-        raise UserInputError(f"data_dir '{data_dir}' does not exist or is not a folder; dataset={dataset!r} "
-                             f"expects {expected} there.")
-    return path
-
-
-# ================================================================================= splits and seeds
-def stratified_split(labels: Tensor, fraction: float, seed: int) -> tuple[Tensor, Tensor]:
-    """Split indices into (kept, held out), holding out `fraction` of every class (vectorised).
-
-    Per class with n_c >= 2 examples, round(fraction * n_c) are held out, clamped to [1, n_c - 1]; a class
-    with one example stays in the kept part. Both index sets are returned sorted.
-    """
-    n = len(labels)
-    gen = torch.Generator().manual_seed(seed)
-    perm = torch.randperm(n, generator=gen)
-    order = perm[torch.argsort(labels[perm], stable=True)]   # grouped by class, random within a class
-    sorted_labels = labels[order]
-    counts = torch.bincount(labels, minlength=int(labels.max()) + 1 if n else 0)
-    held_per_class = torch.floor(fraction * counts.double() + 0.5).long()
-    held_per_class = torch.where(counts >= 2, held_per_class.clamp(1).minimum(counts - 1),
-                                 torch.zeros_like(counts))
-    class_start = torch.cumsum(counts, 0) - counts
-    rank = torch.arange(n) - class_start[sorted_labels]       # position within its class
-    held = rank < held_per_class[sorted_labels]
-    return order[~held].sort()[0], order[held].sort()[0]

@@ -15,9 +15,9 @@ Distributions (``distribution=``)
   ``cov_scale A A^T + 0.5 I``, equal weights, then everything multiplied by ``gmm_rescale`` (default 1/4, so that
   the data have roughly unit scale for a T = 1000 linear DDPM schedule). The label is the component.
   `LabelledGMM` gives the exact log-density and class posterior used by the experiments.
-* ``digits`` (embedded): scikit-learn's 8x8 digits through ``datamodules.images`` (its fixed 80/20 train/test
+* ``digits`` (embedded): scikit-learn's 8x8 digits through ``datamodules.readers`` (its fixed 80/20 train/test
   split), pixels mapped to [-1, 1] (the range of every diffusion model of the collection).
-* ``cifar10``: the official python-version pickles from a local ``data_dir`` (read by ``datamodules.images``),
+* ``cifar10``: the official python-version pickles from a local ``data_dir`` (read by ``datamodules.readers``),
   pixels in [-1, 1], optional horizontal flips (the Spectral Guidance paper's only augmentation).
 
 Splits: the embedded vector data draw ``num_train`` training and ``num_val`` validation samples from
@@ -35,6 +35,7 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from datamodules.readers import find_cifar_dir, load_cifar, load_digits_images, stratified_split
 from datamodules.sampling import evaluation_sampler, mix_seed, training_sampler
 from lightning_modules.errors import UserInputError, check_range
 
@@ -205,8 +206,7 @@ class DiffusionToyDataModule(LightningDataModule):
         elif distribution == "digits":
             self.data_shape, self.num_classes = (1, 8, 8), 10
         else:
-            from datamodules.images import _find_cifar_dir
-            self.data_dir = _find_cifar_dir("cifar10", data_dir)
+            self.data_dir = find_cifar_dir("cifar10", data_dir)
             self.data_shape, self.num_classes = (3, 32, 32), 10
         self._built = False
 
@@ -224,8 +224,7 @@ class DiffusionToyDataModule(LightningDataModule):
                 sets.append(_Tensors(x.float(), y))
             self.train_set, self.val_set = sets
         else:
-            from datamodules.images import _load_cifar, _load_digits, stratified_split
-            pool, _ = _load_digits() if self.distribution == "digits" else _load_cifar("cifar10", self.data_dir)
+            pool, _ = load_digits_images() if self.distribution == "digits" else load_cifar("cifar10", self.data_dir)
             train_idx, val_idx = stratified_split(pool.labels, self.val_fraction, mix_seed(self.seed, _STREAM_SPLIT))
             self.train_set = _Tensors(pool.data[train_idx], pool.labels[train_idx], pool.scale, self.hflip)
             self.val_set = _Tensors(pool.data[val_idx], pool.labels[val_idx], pool.scale)

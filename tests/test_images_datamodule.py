@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
 from lightning.pytorch import LightningModule, Trainer
 
-from datamodules.images import ImageClassificationDataModule, random_crop_flip, stratified_split
+from datamodules.images import ImageClassificationDataModule, random_crop_flip
+from datamodules.readers import stratified_split
 from datamodules.sampling import EpochShuffleSampler
 from lightning_modules.errors import UserInputError
 
