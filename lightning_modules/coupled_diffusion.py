@@ -18,7 +18,9 @@ cosine by default, T = 150 in the code) are coupled:
 Every logit used as a condition is standardised per sample (`standardize_logits`):
 ``y <- 0.8 * (y - mean(y)) / (std(y) + 1e-5)`` (the code's LOGITS_MEAN = 0, LOGITS_STD = 0.8).
 
-Coupling strategies (``strategy`` trains, ``sampling_strategy`` samples; by default the same):
+Coupling strategies (``strategy`` trains, ``sampling_strategy`` samples; by default the same; each one is a pair of
+plain functions in `lightning_modules.coupling_strategies` over this module's primitives eps_x, eps_y, x_loss,
+y_loss, x_chain, y_chain):
 
 * ``parallel`` (the code's "interleaved scheduler"). Training, per batch: y0 := 0, then
   ``coupling_iterations`` times with a fresh t ~ U{0..T-1}: an x loss conditioned on (x_c, std(y0)) gives x0_hat;
@@ -116,12 +118,12 @@ from torch import Tensor, nn
 
 from lightning_modules.base import PaperModule, read_checkpoint
 from lightning_modules.classifier import build_backbone
+from lightning_modules.coupling_strategies import SAMPLERS, STRATEGIES, TRAINING_LOSSES, noise_like
 from lightning_modules.denoisers import MLPDenoiser, UNet, from_model_range, to_model_range
 from lightning_modules.errors import UserInputError, check_range
 
 log = logging.getLogger(__name__)
 
-STRATEGIES = ("parallel", "alternating", "nested", "enhanced")
 LOGIT_SCALE = 0.8     # the code's LOGITS_STD ("based on stats of our classifier logits"); LOGITS_MEAN = 0
 LOGIT_EPS = 1e-5
 # (this module's arg, the ImageClassifier hyper-parameter it must equal)
@@ -147,16 +149,6 @@ def destandardize_logits(standardized: Tensor, mean: Tensor, std: Tensor, scale:
                          eps: float = LOGIT_EPS) -> Tensor:
     """Inverse of `standardize_logits` given the statistics `logit_statistics` returned for the input."""
     return standardized * (std + eps) / scale + mean
-
-
-def _randn(shape, like: Tensor, generator: torch.Generator | None) -> Tensor:
-    device = like.device if generator is None else generator.device
-    return torch.randn(shape, generator=generator, device=device, dtype=like.dtype).to(like.device)
-
-
-def _randint(low: int, high: int, size: int, like: Tensor, generator: torch.Generator | None) -> Tensor:
-    device = like.device if generator is None else generator.device
-    return torch.randint(low, high, (size,), generator=generator, device=device).to(like.device)
 
 
 class CoupledDiffusion(PaperModule):
@@ -189,6 +181,10 @@ class CoupledDiffusion(PaperModule):
         sample_seed: seeds the initial noise of sampling in validation/test/predict.
         optimizer / lr_scheduler / init_from / init_from_trusted: see `PaperModule`; ``init_from`` is the frozen
             classifier's `ImageClassifier` checkpoint (or a CoupledDiffusion checkpoint to fine-tune).
+
+    The arguments stay flat on purpose: each is one CLI key (``--model.init_args.sampling_steps``) that the configs,
+    sweeps and experiments override, and one entry of the checkpoints' saved hyper-parameters; grouping them would
+    rename every key and break loading the checkpoints already written.
     """
 
     def __init__(
@@ -456,7 +452,7 @@ class CoupledDiffusion(PaperModule):
     def x_loss(self, clean: Tensor, corrupted: Tensor, y_cond: Tensor, t: Tensor,
                generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """(MSE of eps_x, clamped x0_hat detached) at timesteps t."""
-        noise = _randn(clean.shape, clean, generator)
+        noise = noise_like(clean.shape, clean, generator)
         x_t = self.noise_scheduler.add_noise(clean, noise, t)
         out = self.eps_x(x_t, t, corrupted, y_cond)
         return F.mse_loss(out, self._target(clean, noise, t)), self._x0_hat(x_t, out, t).detach().clamp(-1.0, 1.0)
@@ -464,7 +460,7 @@ class CoupledDiffusion(PaperModule):
     def y_loss(self, target: Tensor, y_cond: Tensor, image: Tensor, t: Tensor,
                generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """(MSE of eps_y, y0_hat detached) at timesteps t."""
-        noise = _randn(target.shape, target, generator)
+        noise = noise_like(target.shape, target, generator)
         y_t = self.noise_scheduler.add_noise(target, noise, t)
         out = self.eps_y(y_t, t, y_cond, image)
         return F.mse_loss(out, self._target(target, noise, t)), self._x0_hat(y_t, out, t).detach()
@@ -473,60 +469,21 @@ class CoupledDiffusion(PaperModule):
                generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """(x loss, y loss) of one batch under a training strategy ([-1, 1] images)."""
         strategy = strategy or self.strategy
-        batch, steps = clean.shape[0], self.hparams.num_train_timesteps
-        zeros = clean.new_zeros(batch, self.hparams.num_classes)
-        if strategy == "enhanced":
-            x_mse, _ = self.x_loss(clean, corrupted, zeros, _randint(0, steps, batch, clean, generator), generator)
-            return x_mse, clean.new_zeros(())
-        target = self.logit_target(clean)
-        x_losses, y_losses = [], []
-        if strategy == "parallel":
-            y0 = zeros
-            for _ in range(self.hparams.coupling_iterations):
-                t = _randint(0, steps, batch, clean, generator)
-                x_mse, x0_hat = self.x_loss(clean, corrupted, self.standardize(y0), t, generator)
-                late = (t < self.hparams.switch_fraction * steps).view(-1, 1, 1, 1)
-                image = torch.where(late, x0_hat, corrupted)
-                y_mse, y0 = self.y_loss(target, self.standardize(self.classify(image)), image, t, generator)
-                x_losses.append(x_mse)
-                y_losses.append(y_mse)
-        elif strategy == "nested":
-            y0, block = zeros, self.hparams.nested_block_size
-            for high in range(steps, 0, -block):
-                t = _randint(max(0, high - block), high, batch, clean, generator)
-                x_mse, x0_hat = self.x_loss(clean, corrupted, self.standardize(y0), t, generator)
-                y_mse, y0 = self.y_loss(target, self.standardize(self.classify(x0_hat)), x0_hat, t, generator)
-                x_losses.append(x_mse)
-                y_losses.append(y_mse)
-        elif strategy == "alternating":
-            y0, cond_steps = zeros, self.hparams.condition_sampling_steps
-            for round_ in range(self.hparams.alternating_iterations):
-                y_cond_x = self.standardize(y0)
-                x_mse, _ = self.x_loss(clean, corrupted, y_cond_x, _randint(0, steps, batch, clean, generator),
-                                       generator)
-                with torch.no_grad():
-                    x0 = self.x_chain(corrupted, y_cond_x, generator, cond_steps)
-                y_cond = self.standardize(self.classify(x0))
-                y_mse, _ = self.y_loss(target, y_cond, x0, _randint(0, steps, batch, clean, generator), generator)
-                x_losses.append(x_mse)
-                y_losses.append(y_mse)
-                if round_ + 1 < self.hparams.alternating_iterations:
-                    with torch.no_grad():
-                        y0 = self.y_chain(y_cond, x0, generator, cond_steps)
-        else:
+        if strategy not in TRAINING_LOSSES:
             raise UserInputError(f"strategy={strategy!r} is unknown: choose one of {', '.join(STRATEGIES)}.")
-        return torch.stack(x_losses).mean(), torch.stack(y_losses).mean()
+        return TRAINING_LOSSES[strategy](self, clean, corrupted, generator)
 
     # ============================================================================================ samplers
-    def _timesteps(self, sampler: DDIMScheduler, steps: int | None) -> Tensor:
+    def sampling_timesteps(self, sampler: DDIMScheduler, steps: int | None = None) -> Tensor:
+        """Set ``sampler`` to ``steps`` DDIM steps (default ``sampling_steps``) and return its timesteps."""
         sampler.set_timesteps(steps or self.hparams.sampling_steps)
         return sampler.timesteps
 
     def x_chain(self, corrupted: Tensor, y_cond: Tensor, generator: torch.Generator | None = None,
                 steps: int | None = None) -> Tensor:
         """A full DDIM chain of the enhancer with fixed conditions; returns x0 in [-1, 1]."""
-        x = _randn(corrupted.shape, corrupted, generator)
-        for t in self._timesteps(self.image_sampler, steps):
+        x = noise_like(corrupted.shape, corrupted, generator)
+        for t in self.sampling_timesteps(self.image_sampler, steps):
             t_batch = torch.full((x.shape[0],), int(t), device=x.device, dtype=torch.long)
             x = self.image_sampler.step(self.eps_x(x, t_batch, corrupted, y_cond), int(t), x).prev_sample
         return x.clamp(-1.0, 1.0)
@@ -534,8 +491,8 @@ class CoupledDiffusion(PaperModule):
     def y_chain(self, y_cond: Tensor, image: Tensor, generator: torch.Generator | None = None,
                 steps: int | None = None) -> Tensor:
         """A full DDIM chain of the logit denoiser with fixed conditions; returns y0 (target space)."""
-        y = _randn(y_cond.shape, y_cond, generator)
-        for t in self._timesteps(self.logit_sampler, steps):
+        y = noise_like(y_cond.shape, y_cond, generator)
+        for t in self.sampling_timesteps(self.logit_sampler, steps):
             t_batch = torch.full((y.shape[0],), int(t), device=y.device, dtype=torch.long)
             y = self.logit_sampler.step(self.eps_y(y, t_batch, y_cond, image), int(t), y).prev_sample
         return y
@@ -551,61 +508,7 @@ class CoupledDiffusion(PaperModule):
         strategy = strategy or self.sampling_strategy
         if strategy not in STRATEGIES:
             raise UserInputError(f"strategy={strategy!r} is unknown: choose one of {', '.join(STRATEGIES)}.")
-        batch = corrupted.shape[0]
-        zeros = corrupted.new_zeros(batch, self.hparams.num_classes)
-        if strategy == "enhanced":
-            x0 = self.x_chain(corrupted, zeros, generator)
-            logits = self.classify(x0)
-            return {"logits": logits, "images": x0, "classifier_logits": logits}
-        if strategy == "alternating":
-            y0 = zeros
-            for _ in range(self.hparams.alternating_iterations):
-                x0 = self.x_chain(corrupted, self.standardize(y0), generator)
-                y0 = self.y_chain(self.standardize(self.classify(x0)), x0, generator)
-            return {"logits": y0, "images": x0, "classifier_logits": self.classify(x0)}
-        if strategy == "nested":
-            return self._sample_nested(corrupted, zeros, generator)
-        return self._sample_parallel(corrupted, generator)
-
-    def _sample_parallel(self, corrupted: Tensor, generator: torch.Generator | None) -> dict[str, Tensor]:
-        x = _randn(corrupted.shape, corrupted, generator)
-        y = _randn((corrupted.shape[0], self.hparams.num_classes), corrupted, generator)
-        cond_corrupted = self.standardize(self.classify(corrupted))
-        x0_hat = None
-        switch = self.hparams.switch_fraction * self.hparams.num_train_timesteps
-        image_steps = self._timesteps(self.image_sampler, None)
-        self._timesteps(self.logit_sampler, None)
-        for t in image_steps:
-            t_int = int(t)
-            t_batch = torch.full((x.shape[0],), t_int, device=x.device, dtype=torch.long)
-            if x0_hat is not None and t_int < switch:
-                image, y_cond = x0_hat, self.standardize(self.classify(x0_hat))
-            else:
-                image, y_cond = corrupted, cond_corrupted
-            y_out = self.logit_sampler.step(self.eps_y(y, t_batch, y_cond, image), t_int, y)
-            y = y_out.prev_sample
-            y_cond_x = self.standardize(y_out.pred_original_sample)
-            x_out = self.image_sampler.step(self.eps_x(x, t_batch, corrupted, y_cond_x), t_int, x)
-            x, x0_hat = x_out.prev_sample, x_out.pred_original_sample
-        x = x.clamp(-1.0, 1.0)
-        return {"logits": y, "images": x, "classifier_logits": self.classify(x)}
-
-    def _sample_nested(self, corrupted: Tensor, zeros: Tensor, generator: torch.Generator | None) -> dict[str, Tensor]:
-        x0 = self.x_chain(corrupted, zeros, generator)
-        y_cond = self.standardize(self.classify(x0))
-        y = _randn(zeros.shape, zeros, generator)
-        timesteps = self._timesteps(self.logit_sampler, None)
-        total, y0_hat = len(timesteps), None
-        every, start = self.hparams.nested_refresh_every, self.hparams.nested_refresh_from
-        for i, t in enumerate(timesteps):
-            remaining = total - i
-            if y0_hat is not None and remaining <= start and remaining % every == 0:
-                x0 = self.x_chain(corrupted, self.standardize(y0_hat), generator)
-                y_cond = self.standardize(self.classify(x0))
-            t_batch = torch.full((y.shape[0],), int(t), device=y.device, dtype=torch.long)
-            out = self.logit_sampler.step(self.eps_y(y, t_batch, y_cond, x0), int(t), y)
-            y, y0_hat = out.prev_sample, out.pred_original_sample
-        return {"logits": y, "images": x0, "classifier_logits": self.classify(x0)}
+        return SAMPLERS[strategy](self, corrupted, generator)
 
     # =========================================================================================== lightning
     @staticmethod
