@@ -17,6 +17,7 @@ import copy
 import json
 import logging
 import math
+import os
 import sys
 import warnings
 from collections.abc import Iterable, Sequence
@@ -111,7 +112,20 @@ def from_config(config: str | Path, *overrides: str) -> tuple[LightningModule, L
     """
     import train  # the repository's entry point; imported here so that importing the kit stays light
 
-    cli = train.main(["--config", _config_path(config), "--trainer.logger=false", *overrides], run=False)
+    # the discarded Trainer must leave no global state behind (``deterministic: true`` in a config would switch
+    # torch's deterministic algorithms on for the rest of the process); pass ``deterministic=True`` to
+    # `quiet_trainer` where the experiment wants it
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    cublas = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    try:
+        cli = train.main(["--config", _config_path(config), "--trainer.logger=false", *overrides], run=False)
+    finally:
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+        if cublas is None:
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+        else:
+            os.environ["CUBLAS_WORKSPACE_CONFIG"] = cublas
     return cli.model, cli.datamodule
 
 

@@ -1,0 +1,179 @@
+"""The experiments kit, and every ``experiments/*.py`` script run with ``--smoke`` against the one JSON schema."""
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import LightningModule
+from torch.utils.data import DataLoader, TensorDataset
+
+from experiments import kit
+
+EXPERIMENTS = Path(kit.__file__).resolve().parent
+# every script: not the package, not the kit, not private helpers shared by scripts (``_name.py``)
+SCRIPTS = sorted(p.stem for p in EXPERIMENTS.glob("*.py") if p.stem not in ("__init__", "kit")
+                 and not p.stem.startswith("_"))
+
+
+# --------------------------------------------------------------------------------------------- schema
+def check_schema(result: dict) -> None:
+    assert set(result) >= {"paper", "seeds", "wall_s", "config", "arms", "per_seed"}, sorted(result)
+    assert isinstance(result["paper"], str) and result["paper"]
+    assert isinstance(result["seeds"], int) and result["seeds"] >= 1
+    assert isinstance(result["wall_s"], float) and math.isfinite(result["wall_s"]) and result["wall_s"] >= 0
+    assert isinstance(result["config"], dict) and result["config"]
+    assert isinstance(result["per_seed"], list) and result["per_seed"]
+    arms = result["arms"]
+    assert isinstance(arms, dict) and arms
+    for arm, metrics in arms.items():
+        assert isinstance(arm, str) and isinstance(metrics, dict) and metrics, arm
+        for metric, cell in metrics.items():
+            assert set(cell) == {"mean", "std"}, (arm, metric, cell)
+            for key in ("mean", "std"):
+                assert isinstance(cell[key], float) and math.isfinite(cell[key]), (arm, metric, key, cell)
+            assert cell["std"] >= 0, (arm, metric, cell)
+
+
+def test_there_are_scripts():
+    assert "knapsack_rl" in SCRIPTS and "kit" not in SCRIPTS and len(SCRIPTS) >= 10, SCRIPTS
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_exits_without_running(script, capsys):
+    module = importlib.import_module(f"experiments.{script}")
+    start = time.perf_counter()
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--help"])
+    assert exit_info.value.code == 0
+    assert time.perf_counter() - start < 5, "--help must not start a run"
+    text = capsys.readouterr().out
+    for flag in ("--seeds", "--out", "--smoke"):
+        assert flag in text, (script, flag)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_smoke_run_writes_the_schema(script, tmp_path):
+    module = importlib.import_module(f"experiments.{script}")
+    result = module.main(["--smoke", "--seeds", "1", "--out", str(tmp_path)])
+    assert isinstance(result, dict)
+    check_schema(result)
+    assert result["seeds"] == 1
+    written = {p.name: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
+    assert written, f"{script} wrote no JSON into --out"
+    matches = [name for name, data in written.items() if data == json.loads(json.dumps(result))]
+    assert matches, f"{script}: no JSON in --out equals the returned dict ({sorted(written)})"
+    for data in written.values():
+        check_schema(data)
+
+
+# --------------------------------------------------------------------------------------------- the kit
+def test_summarise_on_hand_values():
+    per_seed = [{"a": {"x": 1.0, "y": 2.0}, "b": {"x": 0.0}},
+                {"a": {"x": 3.0, "y": 2.0}, "b": {"x": 4.0}},
+                {"a": {"x": 5.0, "y": 2.0}}]  # b is missing on the third seed
+    arms = kit.summarise(per_seed)
+    assert list(arms) == ["a", "b"]
+    assert arms["a"]["x"] == {"mean": 3.0, "std": pytest.approx(math.sqrt(8 / 3))}  # population std (ddof=0)
+    assert arms["a"]["y"] == {"mean": 2.0, "std": 0.0}
+    assert arms["b"]["x"] == {"mean": 2.0, "std": 2.0}
+    assert kit.summarise([{"a": {"x": 7.0}}]) == {"a": {"x": {"mean": 7.0, "std": 0.0}}}
+
+
+def test_markdown_table():
+    arms = {"a": {"x": {"mean": 1.0, "std": 0.5}}, "b": {"y": {"mean": 2.0, "std": 0.0}}}
+    lines = kit.markdown_table(arms, digits=2).splitlines()
+    assert lines[0] == "| arm | x | y |"
+    assert lines[2] == "| a | 1.00 ± 0.50 | - |"
+    assert lines[3] == "| b | - | 2.00 ± 0.00 |"
+
+
+def test_write_result_schema(tmp_path):
+    arms = {"m": {"acc": {"mean": 0.5, "std": 0.1}}}
+    result = kit.write_result("demo", seeds=2, wall_s=1.5, config={"lr": 0.1}, arms=arms,
+                              per_seed=[{"m": {"acc": torch.tensor(0.4)}}, {"m": {"acc": 0.6}}], out=tmp_path / "o",
+                              claim={"held": True})
+    on_disk = json.loads((tmp_path / "o" / "demo.json").read_text())
+    assert on_disk == result
+    check_schema(on_disk)
+    assert on_disk["claim"] == {"held": True} and on_disk["per_seed"][0]["m"]["acc"] == pytest.approx(0.4)
+    kit.write_result("demo", seeds=1, wall_s=0.0, config={"a": 1}, arms=arms, per_seed=[{}], out=tmp_path,
+                     name="demo_other")
+    assert (tmp_path / "demo_other.json").is_file() and not (tmp_path / "demo.json").exists()
+    with pytest.raises(ValueError, match="mean"):
+        kit.write_result("bad", seeds=1, wall_s=0.0, config={}, arms={"m": {"acc": {"mean": 1.0}}}, per_seed=[],
+                         out=tmp_path)
+
+
+def test_experiment_parser_flags():
+    args = kit.experiment_parser("demo", seeds=3).parse_args([])
+    assert (args.seeds, args.smoke, Path(args.out)) == (3, False, kit.RESULTS)
+    args = kit.experiment_parser("demo", seeds=3).parse_args(["--seeds", "1", "--smoke", "--out", "x"])
+    assert (args.seeds, args.smoke, args.out) == (1, True, "x")
+
+
+class _Scripted(LightningModule):
+    """Logs a fixed validation score per epoch and snapshots its weights at every validation end."""
+
+    def __init__(self, scores: list[float]) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+        self.scores, self.snapshots = scores, []
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch[0]).pow(2).mean()
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val/score", self.scores[self.current_epoch])
+
+    def on_validation_epoch_end(self):
+        self.snapshots.append({k: v.detach().clone() for k, v in self.state_dict().items()})
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.5)
+
+
+@pytest.mark.parametrize("mode, best_epoch", [("max", 2), ("min", 1)])
+def test_keep_best_restores_the_best_weights(mode, best_epoch):
+    torch.manual_seed(0)
+    scores = [0.3, 0.1, 0.9, 0.5, 0.9]  # the later tie at 0.9 must not replace epoch 2
+    module = _Scripted(scores)
+    keep = kit.KeepBest("val/score", mode=mode)
+    loader = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4)
+    kit.quiet_trainer([keep], max_epochs=len(scores)).fit(module, loader, loader)
+    assert keep.best_score == pytest.approx(scores[best_epoch])
+    assert keep.best_step == 2 * (best_epoch + 1)  # two batches per epoch
+    final = {k: v.clone() for k, v in module.state_dict().items()}
+    assert not torch.equal(final["layer.weight"], module.snapshots[best_epoch]["layer.weight"])
+    keep.restore(module)
+    for key, value in module.state_dict().items():
+        assert torch.equal(value, module.snapshots[best_epoch][key]), key
+    assert keep.best_state["layer.weight"].device.type == "cpu"
+
+
+def test_keep_best_without_validation_refuses_to_restore():
+    with pytest.raises(RuntimeError, match="nothing to restore"):
+        kit.KeepBest("val/score").restore(_Scripted([0.0]))
+
+
+def test_quiet_trainer_defaults_and_overrides():
+    trainer = kit.quiet_trainer(max_epochs=3, num_sanity_val_steps=1)
+    assert trainer.logger is None and trainer.checkpoint_callback is None
+    assert not trainer.progress_bar_callback and trainer.max_epochs == 3 and trainer.num_sanity_val_steps == 1
+
+
+def test_from_config_resolves_from_the_repo_root_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    model, data = kit.from_config("configs/knapsack_rl/quick.yaml", "--model.init_args.init_from=null",
+                                  "--model.init_args.rollouts_per_prompt=3", "--seed_everything=5")
+    assert type(model).__name__ == "GRPO" and type(data).__name__ == "VerifiableTaskDataModule"
+    assert model.hparams.rollouts_per_prompt == 3 and torch.initial_seed() == 5
+    assert list(tmp_path.iterdir()) == []
+    # the config's trainer has deterministic: true; the discarded Trainer must not leave it switched on
+    assert not torch.are_deterministic_algorithms_enabled()
+    with pytest.raises(FileNotFoundError):
+        kit.from_config("configs/no_such_paper/quick.yaml")
