@@ -40,7 +40,7 @@ def test_group_advantages_variable_group_sizes_against_manual_values():
     torch.testing.assert_close(group_advantages(rewards, groups, True), expected, atol=1e-5, rtol=0)
     torch.testing.assert_close(group_advantages(rewards, groups, False),
                                torch.tensor([0.5, -0.5, 1 / 3, 1 / 3, -2 / 3, 0.0]))
-    # N = 2 with one success: +-0.707 (the method card's anchor); order of rows does not matter
+    # N = 2 with one success: +-1/sqrt(2) with the Bessel std; order of rows does not matter
     perm = torch.tensor([4, 0, 5, 2, 1, 3])
     torch.testing.assert_close(group_advantages(rewards[perm], groups[perm], True), expected[perm], atol=1e-5, rtol=0)
     # a zero-variance group gets zero advantages (no NaN)

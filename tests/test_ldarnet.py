@@ -521,7 +521,7 @@ def test_reduced_experiment_learned_router_compresses_towards_one_over_n():
 
 
 def test_published_sizes_110m_and_micro_2m():
-    """The paper config has the README's 110.69M parameters; the micro config (SwiGLU 384) the card's 2.01M."""
+    """The paper config has the README's 110.69M parameters; the micro config (SwiGLU 384) the paper's 2.01M."""
     import yaml
 
     from conftest import REPO

@@ -432,7 +432,7 @@ def test_model_argument_errors(kwargs, message):
 @pytest.mark.slow
 def test_reduced_claim_nt_ssm_beats_ssm_at_its_best_temperature():
     """Mean over 2 data seeds of test NDCG@20: NT-SSM (uniform alpha 0.5, tau 0.5) > SSM at the tau in
-    {0.5, 1, 2} chosen on validation (the method card's suggested assertion), ~1.5 min."""
+    {0.5, 1, 2} chosen on validation, ~1.5 min."""
     from experiments.nt_ssm import train_run
 
     torch.set_num_threads(1)

@@ -1,4 +1,4 @@
-"""Rollout allocators (Knapsack RL, DARS, uniform) against hand values, brute force and the method card."""
+"""Rollout allocators (Knapsack RL, DARS, uniform) against hand values, brute force and the released code."""
 from __future__ import annotations
 
 import io
@@ -252,7 +252,8 @@ def test_cumulative_advantage_identity():
 
 
 def test_cumulative_advantage_identity_holds_for_grpo_group_advantages():
-    grpo = pytest.importorskip("lightning_modules.grpo")
+    from lightning_modules import grpo
+
     rewards = torch.tensor([1.0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 1])
     group = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1])
     adv = grpo.group_advantages(rewards, group, scale_by_std=False)
@@ -299,7 +300,7 @@ def _simulate(allocator, p_true, steps, batch, n, seed):
 
 
 def test_knapsack_raises_the_response_level_effective_ratio_at_equal_budget():
-    # the card's "mid-training" mix: 40% nearly solved, 20% nearly unsolved, 40% uniform in (0, 1)
+    # a "mid-training" mix of success rates: 40% nearly solved, 20% nearly unsolved, 40% uniform in (0, 1)
     gen = torch.Generator().manual_seed(0)
     m = 256
     p = torch.rand(m, generator=gen)

@@ -70,7 +70,8 @@ def test_no_repeats_and_pool_excludes_pad():
 
 # ============================================================== batched generation == the reference loop
 def reference_generation(score_next, sequences, m, tau, p, min_len, max_len, coin):
-    """The card's pseudo-code, one trajectory and one step at a time."""
+    """The generation loop of callbacks/rsir.py's docstring (the official
+    ``generate_and_save_sequences_parallel``), one trajectory and one step at a time."""
     found = {}
     for s in sequences:
         o = s[-(max_len + 1):][:-1].tolist()
