@@ -1,9 +1,9 @@
 """Many-answer tasks for multi-answer RL: prompts whose gold answer is a SET (any member is correct).
 
 Embedded task (no files): "name a non-trivial divisor of n" for the composite n in [divisor_n_min, divisor_n_max]
-(default 12..99: 68 prompts, 1 to 10 valid answers each), the method card's CPU toy for "Reaching Beyond the
-Mode" (arXiv 2603.24844). Each prompt has a stable id (its position in the pool, pool sorted by n), the gold
-list (every non-trivial divisor) and a tier = min(|gold|, K): how many of the K slots CAN be filled with
+(default 12..99: 68 prompts, 1 to 10 valid answers each), this collection's CPU toy (a documented choice) for
+"Reaching Beyond the Mode" (arXiv 2603.24844). Each prompt has a stable id (its position in the pool, pool sorted
+by n), the gold list (every non-trivial divisor) and a tier = min(|gold|, K): how many of the K slots CAN be filled with
 distinct correct answers (1..K).
 
 User data (``source: jsonl``): a JSON-lines file with one object per line, ``{"question": str, "answers":
@@ -22,7 +22,7 @@ Two split kinds share one datamodule (``train_split``):
   gold answer of another prompt that is not gold here), so the single- and multi-answer warm-ups have the same
   per-candidate distribution (candidates may repeat, as K independent single answers would). Confidence digits
   are uniform in 0..3 (Sum p <= 0.9 <= 1) and carry no information: calibration is left to RL. This SFT design is
-  this repo's reconstruction of the card's "K random valid or invalid answers".
+  this repo's reconstruction of "K random valid or invalid answers".
 
 Validation and test use the same prompt pool as training unless ``val_fraction > 0`` (a seeded held-out split of
 the prompts): on the toy the question is how much of the answer SET a policy covers on the prompts it is trained
@@ -42,6 +42,7 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
 from datamodules.verifiable_tasks import CharTokenizer, HFTokenizer, ListDataset, PromptCollator
+from datamodules.sampling import LoaderGeneratorReplaySampler, evaluation_sampler, training_sampler
 from lightning_modules.errors import UserInputError, check_range
 from lightning_modules.multi_answer_protocol import format_completion
 
@@ -250,9 +251,17 @@ class ManyAnswerDataModule(LightningDataModule):
         return [{"prompt_id": e.id, "prompt": self.prompts[e.id], "answers": list(e.answers), "tier": e.tier}
                 for e in pool]
 
-    def _loader(self, items: list, batch_size: int, shuffle: bool, sft: bool = False) -> DataLoader:
+    def _loader(self, items: list, batch_size: int, shuffle: bool, sft: bool = False,
+                shard: bool = False) -> DataLoader:
+        # training: an order that is a pure function of (seed, epoch), so a resumed run continues it; evaluation
+        # under DDP (shard): unpadded shards, so that reduced metrics equal one process's (datamodules.sampling)
+        dataset = ListDataset(items)
+        if shuffle:
+            sampler = training_sampler(len(dataset), self.hparams.seed, self.trainer, LoaderGeneratorReplaySampler)
+        else:
+            sampler = evaluation_sampler(dataset, self.trainer) if shard else None
         generator = torch.Generator().manual_seed(self.hparams.seed) if shuffle else None
-        return DataLoader(ListDataset(items), batch_size=batch_size, shuffle=shuffle, generator=generator,
+        return DataLoader(dataset, batch_size=batch_size, sampler=sampler, generator=generator,
                           collate_fn=PromptCollator(self.tokenizer, sft=sft), num_workers=self.hparams.num_workers)
 
     def train_dataloader(self) -> DataLoader:
@@ -261,7 +270,7 @@ class ManyAnswerDataModule(LightningDataModule):
         return self._loader(self.rl_examples(self.train_pool), self.hparams.batch_size, shuffle=True)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.rl_examples(self.val_pool), self.hparams.eval_batch_size, shuffle=False)
+        return self._loader(self.rl_examples(self.val_pool), self.hparams.eval_batch_size, shuffle=False, shard=True)
 
     def test_dataloader(self) -> DataLoader:
         return self.val_dataloader()

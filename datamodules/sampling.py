@@ -35,6 +35,28 @@ class EpochShuffleSampler(Sampler[int]):
         return iter(torch.randperm(self.num_samples, generator=gen).tolist())
 
 
+class LoaderGeneratorReplaySampler(EpochShuffleSampler):
+    """Epoch e visits the order that ``DataLoader(shuffle=True, generator=Generator().manual_seed(seed))`` gives
+    epoch e of an uninterrupted run of full epochs, recomputed from (seed, epoch) alone.
+
+    The RLVR, multi-answer and slide-expression datamodules shuffled with such a per-loader generator, so a run
+    resumed from a checkpoint replayed epoch 0's order. This sampler keeps their measured orders (and numbers)
+    while making the order a pure function of (seed, epoch) like ``EpochShuffleSampler``: it replays the draws
+    that torch's DataLoader iterator (one int64 for the workers' base seed) and ``RandomSampler`` (one
+    permutation, plus one more for the empty remainder when the epoch is read to its end) made in earlier epochs.
+    Give the DataLoader its own seeded generator too, so that its base-seed draw stays off the global RNG, as before.
+    """
+
+    def __iter__(self):
+        gen = torch.Generator().manual_seed(self.seed)
+        for _ in range(self.epoch):
+            torch.empty((), dtype=torch.int64).random_(generator=gen)
+            torch.randperm(self.num_samples, generator=gen)
+            torch.randperm(self.num_samples, generator=gen)
+        torch.empty((), dtype=torch.int64).random_(generator=gen)
+        return iter(torch.randperm(self.num_samples, generator=gen).tolist())
+
+
 def training_sampler(num_samples: int, seed: int, trainer, sampler_class=EpochShuffleSampler) -> Sampler:
     """The epoch-seeded training sampler, already set to the trainer's current epoch (if any)."""
     sampler = sampler_class(num_samples, seed)

@@ -8,8 +8,8 @@ selection sees; the official RNA-FM code validates on its test fold, which this 
 
 Sources
 -------
-``source="synthetic"`` (default, no files): a seeded generator with the structure RNA-FM exploits (method
-card, section 5):
+``source="synthetic"`` (default, no files): a seeded generator with the structure RNA-FM exploits (a
+reconstruction for CPU tests, not the paper's data):
 
 * a latent slide state z ~ N(0, I_latent) and a hidden binary subtype s ~ Bernoulli(0.5);
 * C cluster features in R^D per slide: every cluster has a random tissue type k, feature = A_k z + mu_k +
@@ -52,6 +52,7 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from datamodules.sampling import LoaderGeneratorReplaySampler, evaluation_sampler, training_sampler
 from lightning_modules.errors import UserInputError, check_range
 
 BACKGROUND_KEYS = ("UNMAPPED", "UNCLASSIFIED")
@@ -430,8 +431,15 @@ class SlideExpressionDataModule(LightningDataModule):
         return SlideSet(self.data.features[idx], self._standardised[idx], idx)
 
     def _loader(self, split: str, batch_size: int, shuffle: bool) -> DataLoader:
+        # training: an order that is a pure function of (seed, epoch), so a resumed run continues it; evaluation
+        # under DDP: unpadded shards, so that summed metrics equal the single-process values (datamodules.sampling)
+        dataset = self._dataset(split)
+        if shuffle:
+            sampler = training_sampler(len(dataset), self.hparams.seed, self.trainer, LoaderGeneratorReplaySampler)
+        else:
+            sampler = evaluation_sampler(dataset, self.trainer)
         generator = torch.Generator().manual_seed(self.hparams.seed) if shuffle else None
-        return DataLoader(self._dataset(split), batch_size=batch_size, shuffle=shuffle, generator=generator,
+        return DataLoader(dataset, batch_size=batch_size, sampler=sampler, generator=generator,
                           collate_fn=_collate, num_workers=self.hparams.num_workers)
 
     def train_dataloader(self) -> DataLoader:

@@ -1,6 +1,6 @@
 """Verifiable-reward prompt sets for RLVR (GRPO, Knapsack-RL, DARS): an embedded arithmetic task and file loaders.
 
-Embedded task (``task="reversed_addition"``, the shared CPU task of the RLVR method card, section 4):
+Embedded task (``task="reversed_addition"``, this collection's shared CPU task for the RLVR papers):
 the prompt is ``a+b=`` and the target is the digits of a+b **least-significant first** (reversal makes carries
 learnable for a tiny model), followed by EOS; reward 1 for an exact match. Vocabulary: ``0-9 + =`` plus PAD, BOS,
 EOS (15 ids). Difficulty tier = max(#digits(a), #digits(b)).
@@ -11,7 +11,7 @@ EOS (15 ids). Difficulty tier = max(#digits(a), #digits(b)).
   1_000_000 + i (validation / test / predict).
 * SFT split (``train_split="sft"``, the supervised warm-up): ``sft_num_examples`` fresh sums with 1..``sft_max_digits``
   digits plus a ``sft_extra_fraction`` (5%) of ``sft_extra_digits``-digit sums, none of them in either pool
-  (reconstruction: the card says "freshly generated"; excluding both pools keeps the test pool held out and the
+  (reconstruction of "freshly generated"; excluding both pools keeps the test pool held out and the
   RL pool unseen).
 
 File loaders (``task="jsonl"`` or ``"parquet"``), files ``data_dir/train_file`` and ``data_dir/val_file``:
@@ -24,7 +24,7 @@ File loaders (``task="jsonl"`` or ``"parquet"``), files ``data_dir/train_file`` 
   Without ``tokenizer_path`` a `CharTokenizer` over the characters of the files is used; with it, the tokenizer
   of a local transformers folder (chat prompts go through its chat template when it has one).
 
-Batches (the contract of ``/work/rlvr_interface.md``): ``prompt_ids`` [M], ``prompt_tokens`` [M, Lp] LEFT-padded
+Batches (the interface every RLVR module reads): ``prompt_ids`` [M], ``prompt_tokens`` [M, Lp] LEFT-padded
 (BOS first when the tokenizer has one), ``prompt_mask`` [M, Lp], ``answers`` (M lists of strings), ``tier`` [M].
 SFT batches: ``input_tokens`` [B, L] RIGHT-padded ``BOS prompt target EOS`` and ``loss_mask`` [B, L], True where
 the token is a supervised target (target and EOS; predicted from the previous position).
@@ -43,6 +43,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
+from datamodules.sampling import LoaderGeneratorReplaySampler, evaluation_sampler, training_sampler
 from lightning_modules.errors import UserInputError, check_range
 
 TEST_ID_OFFSET = 1_000_000
@@ -428,9 +429,15 @@ class VerifiableTaskDataModule(LightningDataModule):
                                          "tokens; raise the limit or filter the data (prompts are not truncated).")
 
     # ------------------------------------------------------------------ loaders
-    def _loader(self, dataset, batch_size: int, shuffle: bool, sft: bool = False) -> DataLoader:
+    def _loader(self, dataset, batch_size: int, shuffle: bool, sft: bool = False, shard: bool = False) -> DataLoader:
+        # training: an order that is a pure function of (seed, epoch), so a resumed run continues it; evaluation
+        # under DDP (shard): unpadded shards, so that reduced metrics equal one process's (datamodules.sampling)
+        if shuffle:
+            sampler = training_sampler(len(dataset), self.hparams.seed, self.trainer, LoaderGeneratorReplaySampler)
+        else:
+            sampler = evaluation_sampler(dataset, self.trainer) if shard else None
         generator = torch.Generator().manual_seed(self.hparams.seed) if shuffle else None
-        return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator,
+        return DataLoader(dataset, batch_size=batch_size, sampler=sampler, generator=generator,
                           collate_fn=PromptCollator(self.tokenizer, sft=sft), num_workers=self.hparams.num_workers)
 
     def train_dataloader(self) -> DataLoader:
@@ -439,7 +446,7 @@ class VerifiableTaskDataModule(LightningDataModule):
         return self._loader(ListDataset(self.train_examples), self.hparams.batch_size, shuffle=True)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(ListDataset(self.val_examples), self.hparams.eval_batch_size, shuffle=False)
+        return self._loader(ListDataset(self.val_examples), self.hparams.eval_batch_size, shuffle=False, shard=True)
 
     def test_dataloader(self) -> DataLoader:
         return self.val_dataloader()
