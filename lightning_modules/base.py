@@ -18,16 +18,20 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import random
 import zipfile
-from typing import Any
+from typing import Any, TypeVar
 
+import numpy as np
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
+from lightning_modules.data_contract import contract_members
 from lightning_modules.errors import UserInputError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def read_checkpoint(path: str, trusted: bool = False, what: str = "checkpoint") -> dict[str, Any]:
@@ -116,6 +120,31 @@ class PaperModule(LightningModule):
         """The trainer's datamodule, or None outside a Trainer (modules check their sizes against it)."""
         return getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
 
+    # ----------------------------------------------------------------------------- model-data contract
+    def attached_data(self, contract: type[T]) -> T | None:
+        """The attached datamodule when it provides every member of ``contract`` (a protocol of
+        `lightning_modules.data_contract`), else None (no datamodule, or one of another family)."""
+        datamodule = self.attached_datamodule
+        return datamodule if datamodule is not None and isinstance(datamodule, contract) else None
+
+    def data_value(self, contract: type, name: str, default: Any = None) -> Any:
+        """Member ``name`` of ``contract`` read from the attached datamodule; ``default`` when no datamodule is
+        attached or it does not provide ``name`` (yet). Reading a name the contract does not declare is a bug."""
+        if name not in contract_members(contract):
+            raise TypeError(f"{name!r} is not part of the {contract.__name__} contract "
+                            f"({', '.join(sorted(contract_members(contract)))}); declare it there first.")
+        datamodule = self.attached_datamodule
+        return default if datamodule is None else getattr(datamodule, name, default)
+
+    def check_data_matches(self, contract: type, expected: dict[str, Any], message: str) -> None:
+        """Raise `UserInputError` when the attached data knows a member of ``contract`` (not None) and it differs
+        from the model's value. ``expected`` maps member names to the model's values; ``message`` is formatted
+        with ``name``, ``model`` and ``data``."""
+        for name, model_value in expected.items():
+            data_value = self.data_value(contract, name)
+            if data_value is not None and data_value != model_value:
+                raise UserInputError(message.format(name=name, model=model_value, data=data_value))
+
     # ----------------------------------------------------------------------------- fine-tuning
     def setup(self, stage: str) -> None:
         if stage != "fit" or self.init_from is None or self.init_from_report is not None:
@@ -150,3 +179,42 @@ class PaperModule(LightningModule):
             return optimizer
         scheduler = self.lr_scheduler_factory(optimizer)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # ----------------------------------------------------------------------------- resuming
+    # Subclasses that override these hooks call super() so that every module's checkpoint carries the RNG states.
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Keep the global RNG states (torch, numpy, python; CUDA when in use): Lightning restores weights,
+        optimiser and loops but not the random streams, so without them a resumed fit would redraw dropout masks,
+        diffusion noise, negatives and rollouts from the freshly seeded state instead of continuing the run."""
+        checkpoint[RNG_STATES_KEY] = collect_rng_states()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Restore the RNG states when a fit resumes (``--ckpt_path``); ``load_from_checkpoint``, validate and
+        test leave the caller's random streams alone."""
+        if RNG_STATES_KEY in checkpoint and self._trainer is not None and self.trainer.state.fn == "fit":
+            restore_rng_states(checkpoint[RNG_STATES_KEY])
+
+
+RNG_STATES_KEY = "rng_states"
+
+
+def collect_rng_states() -> dict[str, Any]:
+    """The global torch/numpy/python (and initialised CUDA) RNG states, in types a weights-only load accepts."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    states = {"torch": torch.get_rng_state(), "numpy": [name, torch.from_numpy(keys.astype(np.int64)), int(pos),
+                                                        int(has_gauss), float(cached)],
+              "python": [version, list(internal), gauss_next]}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def restore_rng_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    name, keys, pos, has_gauss, cached = states["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    version, internal, gauss_next = states["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])

@@ -24,6 +24,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
 from lightning_modules.base import PaperModule
+from lightning_modules.data_contract import SlideExpressionData
 from lightning_modules.errors import UserInputError, check_range
 
 STRUCTURE_KEY = "slide_expression_structure"
@@ -191,8 +192,8 @@ class SlideExpressionModule(PaperModule):
                 "num_clusters": int(datamodule.num_clusters), "groups": groups}
 
     def setup(self, stage: str) -> None:
-        datamodule = self.attached_datamodule
-        if datamodule is not None and hasattr(datamodule, "num_genes"):
+        datamodule = self.attached_data(SlideExpressionData)
+        if datamodule is not None:
             structure = self.structure_from(datamodule)
             if self.structure is None:
                 self._build(structure)
@@ -211,12 +212,14 @@ class SlideExpressionModule(PaperModule):
         super().setup(stage)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
         checkpoint[STRUCTURE_KEY] = self.structure
         if self.val_gene_r is not None:  # the top-k gene lists of a later test-only run come from validation
             checkpoint[VAL_R_KEY] = self.val_gene_r.detach().cpu().clone()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Rebuild the network (``load_from_checkpoint`` calls this before ``load_state_dict``)."""
+        super().on_load_checkpoint(checkpoint)
         if self.structure is None and checkpoint.get(STRUCTURE_KEY):
             self._build(checkpoint[STRUCTURE_KEY])
         if checkpoint.get(VAL_R_KEY) is not None:
@@ -288,8 +291,7 @@ class SlideExpressionModule(PaperModule):
         """Hook (regressors estimate their residual std here)."""
 
     def bimodal_genes(self) -> Tensor | None:
-        datamodule = self.attached_datamodule
-        mask = getattr(datamodule, "bimodal_genes", None) if datamodule is not None else None
+        mask = self.data_value(SlideExpressionData, "bimodal_genes")
         return None if mask is None else torch.as_tensor(mask, dtype=torch.bool)
 
     def on_test_epoch_end(self) -> None:

@@ -1,7 +1,7 @@
 """GRPO for RL with verifiable rewards (RLVR), with variable group sizes: the shared core of Knapsack-RL and DARS.
 
-Group Relative Policy Optimization (Shao et al., "DeepSeekMath", arXiv 2402.03300), in the verl / TRL forms the
-RLVR method card (section 0) pins down, plus Dr. GRPO (Liu et al., arXiv 2503.20783). TRL's ``GRPOTrainer`` forms
+Group Relative Policy Optimization (Shao et al., "DeepSeekMath", arXiv 2402.03300) in the forms of the official
+verl and TRL implementations, plus Dr. GRPO (Liu et al., arXiv 2503.20783). TRL's ``GRPOTrainer`` forms
 groups by ``view(-1, num_generations)`` and cannot express per-prompt group sizes, so the step is written here.
 
 One training step (one batch of M prompts, everything vectorised over ONE padded batch of rollouts):
@@ -65,6 +65,7 @@ from torch import nn
 
 from lightning_modules.answers import answers_match
 from lightning_modules.base import PaperModule
+from lightning_modules.data_contract import TokenizedData
 from lightning_modules.errors import UserInputError, check_range
 from lightning_modules.rollout_allocation import RolloutAllocator
 from lightning_modules.rollouts import KVCacheSampler, RolloutEngine
@@ -311,9 +312,9 @@ class GRPO(PaperModule):
     # ------------------------------------------------------------------ plumbing
     @property
     def tokenizer(self):
-        dm = self.attached_datamodule
-        if self._tokenizer is None and dm is not None and getattr(dm, "tokenizer", None) is not None:
-            self.set_tokenizer(dm.tokenizer)
+        data_tokenizer = self.data_value(TokenizedData, "tokenizer")
+        if self._tokenizer is None and data_tokenizer is not None:
+            self.set_tokenizer(data_tokenizer)
         if self._tokenizer is None and self._special is not None:
             return self._special
         if self._tokenizer is None:
@@ -537,6 +538,7 @@ class GRPO(PaperModule):
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
         tokenizer = self._tokenizer
         checkpoint["grpo"] = {
             "rollout_batches": self.rollout_batches, "cumulative_rollouts": self.cumulative_rollouts,
@@ -546,6 +548,7 @@ class GRPO(PaperModule):
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
         state = checkpoint.get("grpo")
         if not state:
             return

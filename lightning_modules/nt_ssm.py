@@ -60,8 +60,8 @@ SimGCL backbone (``backbone="simgcl"``)
 --------------------------------------
 SimGCL (Yu et al., "Are Graph Augmentations Necessary? Simple Graph Contrastive Learning for Recommendation",
 SIGIR 2022, arXiv 2112.08679) is LightGCN plus a contrastive loss between two views made by adding random noise
-to the embeddings at every propagation layer instead of perturbing the graph. Reconstructed from the method card
-and the official NT-SSM code (``SimGCL.py``, ``SimGCL_NT.py``, SELFRec's ``InfoNCE``), read for this collection:
+to the embeddings at every propagation layer instead of perturbing the graph. Reconstructed from the
+official NT-SSM code (``SimGCL.py``, ``SimGCL_NT.py``, SELFRec's ``InfoNCE``):
 
 * Propagation: E^(l) = A E^(l-1), and in a *perturbed* view ``E^(l) <- E^(l) + eps * sign(E^(l)) *
   normalize(U(0, 1) noise)`` (row-normalised uniform noise carrying the sign of the embedding, so every nonzero
@@ -118,6 +118,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 
 from lightning_modules.base import PaperModule
+from lightning_modules.data_contract import InteractionGraphData
 from lightning_modules.errors import UserInputError, check_range
 from lightning_modules.ranking_metrics import TopKMetrics, mask_known_items
 
@@ -347,8 +348,8 @@ class GraphCollaborativeFiltering(PaperModule):
 
     # ----------------------------------------------------------------------------------------- data
     def setup(self, stage: str) -> None:
-        datamodule = self.attached_datamodule
-        if datamodule is not None and hasattr(datamodule, "train_edge_index"):
+        datamodule = self.attached_data(InteractionGraphData)
+        if datamodule is not None:
             num_users, num_items = datamodule.num_users, datamodule.num_items
             if self.encoder is None:
                 self._build(num_users, num_items)
@@ -374,10 +375,12 @@ class GraphCollaborativeFiltering(PaperModule):
         self._adjacency = None
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
         checkpoint[CHECKPOINT_EDGES_KEY] = self.train_edges.detach().cpu().clone()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Restore the train graph (``load_from_checkpoint`` calls this before ``load_state_dict``)."""
+        super().on_load_checkpoint(checkpoint)
         if CHECKPOINT_EDGES_KEY in checkpoint:
             self.train_edges = checkpoint[CHECKPOINT_EDGES_KEY].to(self.train_edges.device, torch.long)
             self._adjacency = None

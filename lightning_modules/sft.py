@@ -1,6 +1,7 @@
 """Supervised warm-up (SFT) of an RLVR policy: the "pretrain -> RL" chain's first stage.
 
-The RLVR method card (section 4) warms the tiny GPT up on freshly generated 1-3-digit sums plus ~5% 4-digit sums
+The CPU recipe of this collection's RLVR papers (a documented choice, not from their text) warms the tiny GPT
+up on freshly generated 1-3-digit sums plus ~5% 4-digit sums
 (AdamW 3e-3, batch 128, ~1500 steps) so that the RL pool has the bimodal difficulty mix of a mid-trained model;
 GRPO then fine-tunes from this checkpoint (``GRPO.init_from``: both modules keep the network at ``self.policy``,
 so the weights match by name).
@@ -8,7 +9,7 @@ so the weights match by name).
 Loss: next-token cross-entropy on the target tokens only (the answer and EOS; ``loss_mask`` of the datamodule's
 ``sft`` split), averaged over target tokens. Validation: greedy accuracy (overall and per tier) and sampled
 accuracy on the held-out prompts, scored by the same verifier as RL. `success_rates` estimates every prompt's
-p = P(correct) by sampling (the p-histogram the card asks to log).
+p = P(correct) by sampling (the p-histogram of the pool's difficulty mix).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 
 from lightning_modules.base import PaperModule
+from lightning_modules.data_contract import TokenizedData
 from lightning_modules.errors import UserInputError, check_range
 from lightning_modules.grpo import ExactMatchReward, RewardFunction, SpecialTokens, decode_completions, group_statistics
 from lightning_modules.rollouts import sample_completions
@@ -77,13 +79,13 @@ class SupervisedWarmup(PaperModule):
 
     @property
     def tokenizer(self):
-        dm = self.attached_datamodule
-        if dm is not None and getattr(dm, "tokenizer", None) is not None:
+        data_tokenizer = self.data_value(TokenizedData, "tokenizer")
+        if data_tokenizer is not None:
             vocab = getattr(self.policy, "vocab_size", None)
-            if vocab is not None and dm.tokenizer.vocab_size > vocab:
-                raise UserInputError(f"the tokenizer has {dm.tokenizer.vocab_size} ids but the policy's vocab_size "
+            if vocab is not None and data_tokenizer.vocab_size > vocab:
+                raise UserInputError(f"the tokenizer has {data_tokenizer.vocab_size} ids but the policy's vocab_size "
                                      f"is {vocab}; raise the policy's vocab_size.")
-            return dm.tokenizer
+            return data_tokenizer
         if self._special is not None:
             return self._special
         raise UserInputError("SupervisedWarmup needs a datamodule with a `.tokenizer` to generate.")
@@ -124,11 +126,12 @@ class SupervisedWarmup(PaperModule):
                                  value=self.tokenizer.pad_id)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        dm = self.attached_datamodule
-        tok = getattr(dm, "tokenizer", None) if dm is not None else None
+        super().on_save_checkpoint(checkpoint)
+        tok = self.data_value(TokenizedData, "tokenizer")
         if tok is not None:
             checkpoint["special_tokens"] = [tok.pad_id, tok.eos_id, tok.bos_id]
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
         if checkpoint.get("special_tokens") is not None:
             self._special = SpecialTokens(*checkpoint["special_tokens"])
