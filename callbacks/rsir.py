@@ -46,6 +46,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
 
 from datamodules.sequences import write_sequence_file
+from lightning_modules.data_contract import SelfImprovingSequenceData
 from lightning_modules.errors import UserInputError, check_range
 
 log = logging.getLogger(__name__)
@@ -121,7 +122,7 @@ def _generate_batch(score_next, sources: list[Tensor], tau, p, max_len, generato
 
 def _datamodule_of(trainer: Trainer):
     datamodule = getattr(trainer, "datamodule", None)
-    if datamodule is None or not hasattr(datamodule, "add_training_sequences"):
+    if datamodule is None or not isinstance(datamodule, SelfImprovingSequenceData):
         raise UserInputError("RSIRSelfImprovement needs a datamodule with training_sequences / "
                              "add_training_sequences (datamodules.sequences.SequentialRecDataModule).")
     return datamodule

@@ -19,6 +19,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from lightning_modules.classifier import final_linear
+from lightning_modules.data_contract import UnlearningData
 from lightning_modules.errors import UserInputError, check_range
 from lightning_modules.trew import class_similarity, confusion_similarity, predict_probabilities
 
@@ -53,7 +54,7 @@ class TREWReweighting(Callback):
             self.similarity = class_similarity(weight, pl_module.forget_class, self.temperature, self.pca_dim)
         else:
             datamodule = trainer.datamodule
-            if not hasattr(datamodule, "forget_dataloader"):
+            if not isinstance(datamodule, UnlearningData):
                 raise UserInputError("TREWReweighting(similarity='confusion') reads the forget-class training "
                                      "inputs through the datamodule's forget_dataloader('train'), which "
                                      f"{type(datamodule).__name__} lacks. Use similarity: weights.")

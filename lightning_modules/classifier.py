@@ -2,7 +2,7 @@
 
 Backbones by name:
 
-* ``mlp``: flatten -> [Linear -> ReLU] x depth -> Linear (the digits default, 64-128-10 in the TREW card);
+* ``mlp``: flatten -> [Linear -> ReLU] x depth -> Linear (the digits default, 64-128-10 as in the TREW experiment);
 * ``cnn``: two 3x3 conv blocks -> global average pool -> Linear (small images, CPU friendly);
 * any ``timm`` model name (``resnet18``, ``vit_tiny_patch16_224`` ...), built without pretrained weights
   (nothing is downloaded). ``cifar_stem: true`` replaces a ResNet's 7x7/stride-2 stem and max-pool by a
@@ -20,6 +20,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 
 from lightning_modules.base import PaperModule
+from lightning_modules.data_contract import ImageData
 from lightning_modules.errors import UserInputError, check_range
 
 BUILTIN_BACKBONES = ("mlp", "cnn")
@@ -103,13 +104,10 @@ class ImageClassifier(PaperModule):
 
     def setup(self, stage: str) -> None:
         super().setup(stage)  # init_from
-        datamodule = self.attached_datamodule
-        for name in ("num_classes", "in_channels", "image_size"):
-            data_value, model_value = getattr(datamodule, name, None), self.hparams[name]
-            if data_value is not None and data_value != model_value:
-                raise UserInputError(f"model.{name}={model_value} but the data has {name}={data_value}: set "
-                                     f"model.init_args.{name}: {data_value} (the model is built before the data "
-                                     "is read, so the value must be given).")
+        sizes = {name: self.hparams[name] for name in ("num_classes", "in_channels", "image_size")}
+        self.check_data_matches(ImageData, sizes, "model.{name}={model} but the data has {name}={data}: set "
+                                                  "model.init_args.{name}: {data} (the model is built before the data "
+                                                  "is read, so the value must be given).")
 
     @property
     def head(self) -> nn.Linear:

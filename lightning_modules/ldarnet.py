@@ -82,6 +82,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassMatthewsCo
 
 from lightning_modules.base import PaperModule
 from lightning_modules.bimamba2 import SSDImpl
+from lightning_modules.data_contract import LabelledSequenceData
 from lightning_modules.errors import UserInputError, check_range
 from lightning_modules.ldarnet_network import (MASK_TOKEN, N_TOKEN, VOCAB_SIZE, Boundaries, LDARNetNetwork, Layout,
                                                check_arch_layout)
@@ -335,11 +336,9 @@ class LDARNetClassifier(_LDARNetBase):
         return {"head.": self.hparams.head_lr_multiplier, **super()._lr_multipliers()}
 
     def setup(self, stage: str) -> None:
-        dm = self.attached_datamodule
-        classes = getattr(dm, "num_classes", None)
-        if classes is not None and classes != self.hparams.num_classes:
-            raise UserInputError(f"model num_classes={self.hparams.num_classes} but the data has {classes} classes: "
-                                 f"set --model.init_args.num_classes={classes}.")
+        self.check_data_matches(LabelledSequenceData, {"num_classes": self.hparams.num_classes},
+                                "model num_classes={model} but the data has {data} classes: set "
+                                "--model.init_args.num_classes={data}.")
         super().setup(stage)
 
     def forward(self, tokens: Tensor, valid: Tensor) -> tuple[Tensor, dict]:

@@ -40,6 +40,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 
 from lightning_modules.base import PaperModule
+from lightning_modules.data_contract import SequenceData
 from lightning_modules.errors import UserInputError, check_range
 from lightning_modules.ranking_metrics import LeaveOneOutMetrics, leave_one_out_ranks, mask_known_items, sampled_ranks
 
@@ -205,8 +206,7 @@ class SequentialRecommender(PaperModule):
         return build_backbone(h.backbone, h.num_items, h.hidden_dim, h.num_blocks, h.num_heads, h.dropout, h.max_len)
 
     def setup(self, stage: str) -> None:
-        datamodule = self.attached_datamodule
-        data_items = getattr(datamodule, "num_items", None)
+        data_items = self.data_value(SequenceData, "num_items")
         if self.backbone is None:  # num_items: null = read from the data (stored in the checkpoint's hparams)
             if data_items is None:
                 raise UserInputError("model.num_items is null but the datamodule has no num_items: set "
@@ -214,10 +214,10 @@ class SequentialRecommender(PaperModule):
             self.hparams.num_items = data_items
             self.backbone = self._build()
         super().setup(stage)
-        if data_items is not None and data_items != self.hparams.num_items:
-            raise UserInputError(f"model.num_items={self.hparams.num_items} but the data has {data_items} items: set "
-                                 f"model.init_args.num_items: {data_items}.")
-        data_len = getattr(datamodule, "max_len", None)
+        self.check_data_matches(SequenceData, {"num_items": self.hparams.num_items},
+                                "model.num_items={model} but the data has {data} items: set model.init_args.num_items: "
+                                "{data}.")
+        data_len = self.data_value(SequenceData, "max_len")
         if data_len is not None and data_len > self.hparams.max_len:
             raise UserInputError(f"data.max_len={data_len} is longer than model.max_len={self.hparams.max_len}: set "
                                  "them equal.")

@@ -1,9 +1,9 @@
-"""TIVDiff: trustworthy and identifiable virtual face generation — a RECONSTRUCTION from the method card.
+"""TIVDiff: trustworthy and identifiable virtual face generation — a RECONSTRUCTION (no paper text or code exists).
 
 Paper: "Towards Trustworthy and Identifiable Virtual Face Generation" (TIVDiff), ICML 2026 poster
 (icml.cc/virtual/2026/poster/60956). **No arXiv id, no paper text and no code could be found.** Everything below
-except the three component names and their one-line roles (from the abstract) is a **reconstruction** following
-the collection's method card (``[GUESS]`` there), in the lineage of IVFG (arXiv 2110.07986: key-conditioned
+except the three component names and their one-line roles (from the abstract) is a **reconstruction** (each one a
+documented choice of this collection), in the lineage of IVFG (arXiv 2110.07986: key-conditioned
 projection of the face latent trained with multi-task/triplet losses) and Gaussian Shading (distribution-preserving
 watermark in the initial noise). Every reconstructed choice is a configurable, documented init arg.
 
@@ -57,9 +57,9 @@ Deviations / reconstructions (all of them, since no paper text exists)
   geometry = landmarks of the *mean* face in the image's pose/expression instead of a DECA/3DDFA render.
 * FR model: a CNN trained here (CosFace) instead of a pretrained ArcFace; embedding size 32 (not 512).
 * VIP losses, the orthogonal key mixing, the realism MMD term: reconstructions of "consistent, separable,
-  unlinkable, far from the original" (the card's guess), not the paper's equations.
-* Keys are 31-bit integers hashed with a 32-bit integer mixer (lowbias32), not a cryptographic PRNG (the card
-  suggests ChaCha); fine for experiments, not for deployment.
+  unlinkable, far from the original" (reconstructed choices), not the paper's equations.
+* Keys are 31-bit integers hashed with a 32-bit integer mixer (lowbias32), not a cryptographic PRNG (such as
+  ChaCha); fine for experiments, not for deployment.
 * Message = LSH(v, k) instead of H(quantised VID || key): a cryptographic hash of a quantised VID fails on any FR
   noise; LSH bits degrade gracefully. No error-correcting code beyond replica soft voting.
 * The inversion evaluates the denoiser at the target timestep (the usual diffusers inversion loop).
@@ -78,6 +78,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 
 from lightning_modules.base import PaperModule
+from lightning_modules.data_contract import FaceIdentityData
 from lightning_modules.denoisers import UNet, from_model_range, to_model_range
 from lightning_modules.errors import UserInputError, check_range
 
@@ -422,8 +423,7 @@ class TIVDiff(PaperModule):
     # ------------------------------------------------------------------------------------------- setup
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        data = self.attached_datamodule
-        wanted = getattr(data, "num_train_identities", None)
+        wanted = self.data_value(FaceIdentityData, "num_train_identities")
         if stage == "fit" and wanted is not None and wanted > self.hparams.num_train_identities:
             raise UserInputError(f"the data has {wanted} training identities but num_train_identities="
                                  f"{self.hparams.num_train_identities}: set model.init_args.num_train_identities "

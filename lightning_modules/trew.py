@@ -20,7 +20,7 @@ multiplier. The similarity is computed once from the original model by the `TREW
 
 Reconstructed, not the paper's word (only the abstract and public reviews were readable; the official code was
 not retrievable): the exact PCA dimension, centring, the use of a softmax over j != f, and the CMIA features
-and classifier. They are configurable. On digits the card's prototype found that beta = 10 with a sharp
+and classifier. They are configurable. On digits a prototype of this reconstruction found that beta = 10 with a sharp
 similarity (T = 0.1) over-tilts onto one neighbour, so the experiment chooses (beta, T) on a validation split
 against a retrained reference and keeps beta = 0 (class removed, renormalised) as an ablation.
 
@@ -48,6 +48,7 @@ from torch import nn
 
 from lightning_modules.base import load_matching_weights, read_checkpoint
 from lightning_modules.classifier import ImageClassifier
+from lightning_modules.data_contract import UnlearningData
 from lightning_modules.errors import UserInputError, check_range
 
 UnlearningMethod = Literal["finetune", "neggrad_plus", "random_labels", "trew"]
@@ -77,8 +78,9 @@ def confusion_similarity(mean_probs: torch.Tensor, forget_class: int, temperatur
 
     ``mean_probs`` is the original model's mean softmax over forget-class inputs; with f removed and
     renormalised it is c, and s = softmax_{j != f}(log c_j / T), i.e. s ∝ c^(1/T) (T = 1 gives s = c).
-    Not the paper's similarity (which reads the final-layer weights); the paper card lists it as a cheap
-    alternative, and on digits it points at the retrained model's neighbours where the weights do not.
+    Not the paper's similarity (which reads the final-layer weights): a cheap alternative offered by this
+    collection (a documented choice), and on digits it points at the retrained model's neighbours where the
+    weights do not.
     """
     num_classes = mean_probs.shape[0]
     log_confusion = mean_probs.double().clamp_min(1e-12).log() / temperature
@@ -138,8 +140,7 @@ class ClassUnlearning(ImageClassifier):
 
     def setup(self, stage: str) -> None:
         super().setup(stage)  # init_from
-        datamodule = self.attached_datamodule
-        data_forget = getattr(datamodule, "forget_class", self.forget_class)
+        data_forget = self.data_value(UnlearningData, "forget_class", self.forget_class)
         if data_forget != self.forget_class:
             raise UserInputError(f"model.forget_class={self.forget_class} but data.forget_class={data_forget}: "
                                  "set both to the class you want to unlearn.")
