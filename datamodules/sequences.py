@@ -2,7 +2,7 @@
 
 Sources (``source``):
 
-* ``synthetic`` (default, no files): the clustered Markov generator of the RSIR method card. ``num_items``
+* ``synthetic`` (default, no files): a clustered Markov generator (a reconstruction for CPU tests). ``num_items``
   items (ids 1..N, 0 = padding) in ``num_clusters`` clusters (item i in cluster (i-1) mod K); each item has 3
   fixed successors in its own cluster with probabilities (.5, .3, .2). User u draws cluster preferences
   pi_u ~ Dirichlet(0.2) and a length L ~ U{min_length..max_length}; the first item is a random item of a
@@ -64,7 +64,7 @@ REGIMES = {"setlike": (0.3, 0.6), "markov": (0.75, 0.15)}
 # =============================================================================== synthetic generator
 def clustered_markov_sequences(num_users: int, num_items: int, num_clusters: int, min_length: int,
                                max_length: int, p_follow: float, p_jump: float, seed: int) -> list[np.ndarray]:
-    """The card's clustered Markov generator (vectorised over users); items 1..num_items."""
+    """The clustered Markov generator (vectorised over users); items 1..num_items."""
     rng = np.random.default_rng(seed)
     items = np.arange(1, num_items + 1)
     cluster_of = (items - 1) % num_clusters

@@ -23,7 +23,7 @@ RLCR ranks by confidence, RLVR keeps the listed order), set Brier = mean over ex
 of (p_i - y_i)^2 (training uses 1 - mean; never mix the two), ECE with 10 equal-width bins over all
 (p_i, y_i) pairs, completion lengths. The single-answer baseline is sampled K times and scored with the same
 set metrics (its pass@i uses the unbiased estimator of Chen et al. over the K samples).
-Extra metrics of the method card's toy: coverage = |distinct correct| / min(K, |gold|), duplicate rate =
+Extra metrics of this collection's CPU toy: coverage = |distinct correct| / min(K, |gold|), duplicate rate =
 (candidates - distinct candidates) / candidates, tokens per answer and tokens per distinct correct answer.
 
 `MultiAnswerReward` plugs into `lightning_modules.grpo.GRPO` as its ``reward``; `MultiAnswerGRPO` is that GRPO with
@@ -41,8 +41,8 @@ Two output styles (``style``):
   ``</think>`` present, K numbered answer tags, for RLCR K confidence tags and ``<analysis>``); candidates are
   taken at their first ordered occurrence; a non-float or out-of-range confidence fails the format; K = 1 uses
   the unnumbered ``<answer>``/``<confidence>`` tags.
-* ``compact`` (this repo's toy format for a from-scratch character-level GPT, from the method card's CPU
-  experiment): ``a1@c1;a2@c2;a3@c3`` where ``c_i`` is ONE digit and ``p_i = c_i / 10``; without confidences
+* ``compact`` (this repo's toy format for a from-scratch character-level GPT, a documented choice
+  for the CPU experiment): ``a1@c1;a2@c2;a3@c3`` where ``c_i`` is ONE digit and ``p_i = c_i / 10``; without confidences
   ``a1;a2;a3``. Exactly K non-empty fields are required (more or fewer is malformed); no think/analysis parts.
 
 Deviations / reconstructions (all documented choices):
@@ -51,12 +51,12 @@ Deviations / reconstructions (all documented choices):
   strip punctuation and articles, collapse whitespace) against any gold string, plus numeric equality when both
   sides parse as numbers ("06" == "6"). ``math_verify`` (used by the code for math sources) is not a dependency here.
 * Accuracy gating for RLCR follows the code read (``reward_fns.py`` @3f6b41a): it is gated by the whole response
-  constraint (uniqueness AND Sum p <= 1); ``sum_constraint_gates_accuracy=False`` gates by uniqueness only, as
-  the method card's summary words it. For RLVR uniqueness is not enforced unless ``enforce_uniqueness=True``.
+  constraint (uniqueness AND Sum p <= 1); ``sum_constraint_gates_accuracy=False`` gates by uniqueness only (the
+  simpler reading of the rule). For RLVR uniqueness is not enforced unless ``enforce_uniqueness=True``.
 * The code takes RLCR accuracy candidates at the LAST occurrence of each answer tag but the Brier/format at the
   first ordered occurrence; here one parse (first ordered occurrence) serves all terms.
 * In the toy, the Multi-RLVR policies also write confidences (``with_confidence=True``, not rewarded) so that the
-  set Brier of RLVR and RLCR can be compared, as the method card's experiment asks.
+  set Brier of RLVR and RLCR can be compared (a documented choice of this collection's experiment).
 * The adaptive Brier-weight ramp (``enable_adaptive_brier``, off in the released configs) is not implemented.
 * ``accuracy: count`` with ``mode: rlcr`` (RLCR with the count accuracy) is offered as an option; the released
   configs use any-correct for both variants.

@@ -19,7 +19,8 @@ Objectives (selected by name with ``objective:``; not from the paper, whose test
 Stochastic oracle (reconstructed, ABC-type multiplicative + additive noise): the sample objective is
 ``F(x; xi) = (1 + sigma_mult xi_0) f(x) + sigma_add <xi_{1:}, x>`` averaged over the minibatch, so autograd gives
 ``g = (1 + sigma_mult xi_0) grad f(x) + sigma_add xi_{1:}``, which is unbiased (``E xi = 0``). With
-``sigma_mult = 0.5``, ``sigma_add = 0.1`` and Gaussian ``xi`` this is the protocol of the paper card.
+``sigma_mult = 0.5``, ``sigma_add = 0.1`` and Gaussian ``xi`` this is the benchmark protocol used here (a
+reconstruction: the paper's own test problems and noise model are unknown).
 
 Evaluation protocol (``configs/tamed_sgd/paper.yaml``, ``experiments/tamed_sgd.py``): start (8, 1e-3),
 ``gamma_n = 0.5 / (n + 10)^0.7``, 5000 steps; measure divergence (overflow / NaN), final ``||grad f||`` and
