@@ -12,7 +12,7 @@ Both follow one calling convention, so rollouts, GRPO and SFT never look at whic
   prompt once and then expands the cache to the prompt's rollouts.
 
 `TinyGPT` is a pre-LayerNorm decoder (learned positions, GELU MLP, no biases in attention) with a KV cache that
-grows by concatenation. Its defaults are the method card's size for the reversed-addition task
+grows by concatenation. Its defaults are this collection's CPU size for the reversed-addition task
 (n_layer 3, d_model 96, 4 heads, context 24: about 0.35M parameters).
 
 `HFCausalLM` loads ``AutoModelForCausalLM`` from a local folder only (``local_files_only=True``: nothing is ever
