@@ -1,15 +1,17 @@
 """DARS vs uniform GRPO (and a compute-matched uniform, and breadth): ``python -m experiments.dars`` (~2-4 min).
 
 Paper: "Depth-Breadth Synergy in RLVR: Unlocking LLM Reasoning Gains with Adaptive Exploration" (DARS,
-arXiv 2508.13755). Claim checked (method card sections 2.5 and 4): DARS' second-stage rollouts on prompts with
-stage-1 accuracy < 0.5 collect many more positive rollouts on hard prompts than uniform GRPO, about 2x a
-uniform run that consumes the same number of rollouts. Asserted target: DARS-HW's positive rollouts on hard
-prompts >= 2 x the compute-matched uniform's, per seed on average. Hard-tier pass@16/32 and pass@1 are
-reported; the card expects a few points on pass@k and a flat pass@1, i.e. noise at this scale.
+arXiv 2508.13755). Claim checked (the paper's multi-stage rollout with its equal-treatment and hardness-weighted
+schedules): DARS' second-stage rollouts on prompts with stage-1 accuracy < 0.5 collect many more positive
+rollouts on hard prompts than uniform GRPO, about 2x a uniform run that consumes the same number of rollouts.
+Asserted target: DARS-HW's positive rollouts on hard prompts >= 2 x the compute-matched uniform's, per seed on
+average. Hard-tier pass@16/32 and pass@1 are reported only (the paper reports higher pass@k; differences of a
+few points are noise at this scale).
 
-Same task, SFT warm-up (the cached per-seed checkpoint of ``experiments.knapsack_rl``) and GRPO as
-``experiments.knapsack_rl``: Â = r - group mean (no std, as DARS), the constant loss normaliser (so extra
-rollouts add gradient mass, as DARS' Σ ℓ m / L_max), one on-policy Adam step per batch, zero-variance groups
+Same task, SFT warm-up (the cached per-seed checkpoint shared with ``experiments.knapsack_rl``) and GRPO runs,
+from `experiments._rlvr`; every arm starts from ``configs/dars/quick.yaml`` and overrides only the scale and the
+arm: Â = r - group mean (no std, as DARS), the constant loss normaliser (so extra rollouts add gradient mass, as
+DARS' Σ ℓ m / L_max), one on-policy Adam step per batch, zero-variance groups
 dropped in every arm (with no std and a constant normaliser such groups have zero advantage, so the filter does
 not change any gradient here; it is set for parity with the DARS trainer). "Hard" = success rate < 0.1 under
 the SFT policy (32 samples, measured once per seed).
@@ -24,27 +26,26 @@ Arms (per seed, same prompts in the same order):
 Scale (defaults): tiers {2, 3, 4}, RL pool 256, test pool 256, 16 prompts per step, 48 steps, 2 seeds
 (DARS-HW costs several times the uniform rollouts when most prompts are unsolved, which bounds the scale).
 Measured: ~1.7 min with the SFT checkpoints cached by ``experiments.knapsack_rl``, plus ~2 min per seed without.
-Outputs: markdown table, ``results/dars.json``, ``results/dars.png`` (cumulative hard positives vs cumulative
-rollouts per arm; rollout cost per arm).
+Outputs: markdown table, ``<out>/dars.json`` (the kit's schema plus ``claim``) and ``<out>/dars.png``
+(cumulative hard positives vs cumulative rollouts per arm; rollout cost per arm).
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import time
 from pathlib import Path
 
 import numpy as np
 
-from experiments import quiet_single_thread
-from experiments.knapsack_rl import (aggregate, common_arguments, evaluate, markdown, pool_difficulty,
-                                     summarise_steps, train_grpo, warm_up)
-from lightning_modules.rollout_allocation import DARSAllocator, UniformAllocator
+from experiments import _rlvr as rlvr
+from experiments.kit import experiment_parser, markdown_table, progress, quiet_single_thread, summarise, write_result
+from lightning_modules.rollout_allocation import UniformAllocator
 
 PAPER = ("Depth-Breadth Synergy in RLVR: Unlocking LLM Reasoning Gains with Adaptive Exploration "
          "(DARS, arXiv 2508.13755)")
+CONFIG = "configs/dars/quick.yaml"
 ARMS = ("uniform", "dars_et", "dars_hw", "uniform_matched", "breadth")
+UNIFORM = f"--model.init_args.rollout_allocator={UniformAllocator.__module__}.UniformAllocator"
 
 
 def plot(path: Path, curves: dict[str, list[list[dict]]], arms: dict) -> None:
@@ -72,38 +73,46 @@ def plot(path: Path, curves: dict[str, list[list[dict]]], arms: dict) -> None:
     plt.close(fig)
 
 
-def run(args) -> dict:
+def main(argv: list[str] | None = None) -> dict:
+    parser = rlvr.add_rlvr_arguments(experiment_parser(__doc__.splitlines()[0], seeds=2), steps=48, batch=16)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        rlvr.apply_smoke(args)
     quiet_single_thread()
     start = time.perf_counter()
-    per_seed: dict[str, list[dict[str, float]]] = {arm: [] for arm in ARMS}
+    per_seed: list[dict[str, dict[str, float]]] = []
     curves: dict[str, list[list[dict]]] = {arm: [] for arm in ARMS}
     matched_n = []
     steps_per_epoch = -(-args.pool // args.batch)
     epochs = max(1, args.steps // steps_per_epoch)
-    for seed in range(args.seeds):
-        state = warm_up(args, seed)
-        ids, tier, p = pool_difficulty(args, state, seed)
+    for seed in progress(range(args.seeds), "seeds"):
+        state = rlvr.warm_up(args, seed)
+        sft_policy, dm = rlvr.rl_data(args, seed)
+        sft_policy.load_state_dict(state)
+        ids, tier, p = rlvr.pool_difficulty(args, sft_policy, dm, seed)
         hard = {int(i) for i, q in zip(ids.tolist(), p.tolist()) if q < 0.1}
         print(f"seed {seed}: hard prompts {len(hard)} / {len(ids)}", flush=True)
         results = {}
-        for arm in ARMS:
-            kwargs = {"drop_zero_variance": True, "epochs": epochs}
+        for arm in progress(ARMS, f"seed {seed} arms"):
+            batch = None
             if arm == "uniform":
-                allocator = UniformAllocator()
+                overrides = [UNIFORM]
             elif arm == "dars_et":
-                allocator = DARSAllocator("equal_treatment", max_rollouts=32)
-            elif arm == "dars_hw":
-                allocator = DARSAllocator("hardness_weighted", max_rollouts=64)
+                overrides = ["--model.init_args.rollout_allocator.init_args.schedule=equal_treatment",
+                             "--model.init_args.rollout_allocator.init_args.max_rollouts=32"]
+            elif arm == "dars_hw":  # the config's schedule
+                overrides = ["--model.init_args.rollout_allocator.init_args.schedule=hardness_weighted",
+                             "--model.init_args.rollout_allocator.init_args.max_rollouts=64"]
             elif arm == "uniform_matched":
                 hw = results["dars_hw"]
                 n = max(args.rollouts, int(round(hw["rollouts_total"] / (epochs * args.pool))))
                 matched_n.append(n)
-                allocator, kwargs["rollouts"] = UniformAllocator(), n
+                overrides = [UNIFORM, f"--model.init_args.rollouts_per_prompt={n}"]
             else:  # breadth: the whole pool per step, 2 full-batch PPO epochs, same rollouts as uniform
-                allocator = UniformAllocator()
-                kwargs.update(batch=args.pool, ppo_epochs=2)
-            module, recorder, wall = train_grpo(args, seed, state, allocator, hard, **kwargs)
-            row = {**summarise_steps(recorder), **evaluate(args, module.policy, seed), "wall_s": wall}
+                overrides, batch = [UNIFORM, "--model.init_args.ppo_epochs=2"], args.pool
+            module, recorder, wall = rlvr.train_grpo(args, seed, state, CONFIG, overrides, hard, batch=batch,
+                                                     epochs=epochs)
+            row = {**rlvr.summarise_steps(recorder), **rlvr.evaluate(args, module.policy, dm, seed), "wall_s": wall}
             results[arm] = row
             curves[arm].append(recorder.steps)
             print(f"  {arm}: rollouts {row['rollouts_total']:.0f}, hard positives {row['hard_positives_total']:.0f}, "
@@ -113,42 +122,30 @@ def run(args) -> dict:
                 "rollouts_total"]
             results[arm]["hard_positives_vs_uniform"] = results[arm]["hard_positives_total"] / max(
                 1.0, results["uniform"]["hard_positives_total"])
-            per_seed[arm].append(results[arm])
-    arms = aggregate(per_seed)
-    ratios = [hw["hard_positives_total"] / max(1.0, m["hard_positives_total"])
-              for hw, m in zip(per_seed["dars_hw"], per_seed["uniform_matched"])]
-    ratios_et = [et["hard_positives_total"] / max(1.0, m["hard_positives_total"])
-                 for et, m in zip(per_seed["dars_et"], per_seed["uniform_matched"])]
+        per_seed.append(results)
+    arms = summarise(per_seed)
+    ratios = [row["dars_hw"]["hard_positives_total"] / max(1.0, row["uniform_matched"]["hard_positives_total"])
+              for row in per_seed]
+    ratios_et = [row["dars_et"]["hard_positives_total"] / max(1.0, row["uniform_matched"]["hard_positives_total"])
+                 for row in per_seed]
     claim = {"target": "DARS-HW positive rollouts on hard prompts >= 2 x compute-matched uniform",
              "ratio_mean": float(np.mean(ratios)), "ratio_per_seed": ratios,
              "dars_et_ratio_mean": float(np.mean(ratios_et)), "matched_n": matched_n,
              "held": bool(np.mean(ratios) >= 2.0)}
-    tiers = sorted(args.tiers)
     keys_train = ["rollouts_total", "rollout_cost_vs_uniform", "hard_positives_total", "hard_positives_vs_uniform",
                   "eff_ratio_response_2nd_half"]
-    keys_eval = ["pass@1", "greedy"] + [f"pass@1_tier{t}" for t in tiers] + [
-        f"pass@{k}_tier{t}" for t in tiers[-2:] for k in (16, 32)]
     wall = time.perf_counter() - start
     print(f"\n## {PAPER}\n\nscale: {args.seeds} seeds, {epochs * steps_per_epoch} steps x {args.batch} prompts, "
-          f"N = {args.rollouts}, pool {args.pool}, tiers {tiers}, SFT {args.sft_steps} steps; compute-matched "
-          f"uniform N per seed {matched_n}; wall {wall:.0f}s\n")
-    print(markdown(arms, keys_train) + "\n\n" + markdown(arms, keys_eval))
+          f"N = {args.rollouts}, pool {args.pool}, tiers {sorted(args.tiers)}, SFT {args.sft_steps} steps; "
+          f"compute-matched uniform N per seed {matched_n}; wall {wall:.0f}s\n")
+    print(markdown_table(arms, keys_train) + "\n\n" + markdown_table(arms, rlvr.eval_keys(args)))
     print(f"\nclaim: {claim['target']}: ratio {claim['ratio_mean']:.2f} (per seed "
           f"{', '.join(f'{r:.2f}' for r in ratios)}; DARS-ET {claim['dars_et_ratio_mean']:.2f}) -> "
           f"{'HELD' if claim['held'] else 'NOT HELD'}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    result = {"paper": "dars", "seeds": args.seeds, "wall_s": wall, "arms": arms, "claim": claim,
-              "scale": {k: v for k, v in vars(args).items() if k != "out"}, "per_seed": per_seed}
-    (out / "dars.json").write_text(json.dumps(result, indent=1))
-    plot(out / "dars.png", curves, arms)
+    result = write_result("dars", seeds=args.seeds, wall_s=wall, config=rlvr.settings(args), arms=arms,
+                          per_seed=per_seed, out=args.out, claim=claim)
+    plot(Path(args.out) / "dars.png", curves, arms)
     return result
-
-
-def main() -> None:
-    parser = common_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]), seeds=2, steps=48)
-    parser.set_defaults(batch=16)
-    run(parser.parse_args())
 
 
 if __name__ == "__main__":
