@@ -5,14 +5,15 @@ Claim: training ONE generation to hold K distinct candidates (Multi-RLVR) covers
 a single-answer RLVR model sampled K times, with fewer duplicates and fewer tokens per answer, and adding the
 Brier term on stated confidences (Multi-RLCR) gives calibrated set-level confidences (lowest set Brier).
 
-Setup (the method card's CPU experiment, scaled down to fit the budget; everything through the collection's
-`ManyAnswerDataModule`, `SupervisedWarmup`, `MultiAnswerGRPO` and a Lightning `Trainer` on CPU):
+Setup (the paper's RL recipe scaled down to a CPU budget; everything through the collection's
+`ManyAnswerDataModule`, `SupervisedWarmup`, `MultiAnswerGRPO` and a Lightning `Trainer` on CPU, each built from
+``configs/multi_answer_rl/sft_quick.yaml`` / ``quick.yaml`` with only the experiment's settings overridden):
 
 * task: "name a non-trivial divisor of n" for the 68 composite n in [12, 99] (1 to 10 valid answers); training
   and evaluation on this fixed prompt pool (the question is how much of the answer set a policy covers);
 * policy: TinyGPT (3 layers, d 96, 4 heads: 0.34M parameters), character vocabulary of 16 ids;
-* scaled down to the budget: 3 seeds, 100 GRPO steps per arm (the card suggests "a few thousand"), 8 rollouts
-  per prompt (the paper: 32), K = 3;
+* scaled down to the budget: 3 seeds, 100 GRPO steps per arm (a few thousand would be closer to the paper),
+  8 rollouts per prompt (the paper: 32), K = 3;
 * per seed, two format warm-ups (`--sft-steps` AdamW steps, batch 64, lr 1e-3) on the SAME candidate
   distribution (each candidate gold with probability 0.7, else a distractor): ``multi`` targets
   ``a1@c1;a2@c2;a3@c3`` (uninformative confidence digits 0..3) and ``single`` targets (one answer);
@@ -31,33 +32,27 @@ Setup (the method card's CPU experiment, scaled down to fit the budget; everythi
   format rate, set Brier (SUM over the K candidates, eval scale) and 10-bin ECE for the confidence-bearing arms,
   tokens per answer and per distinct correct answer. Mean ± std over seeds.
 
-Outputs: markdown table on stdout, ``results/multi_answer_rl.json`` (``{"paper", "seeds", "wall_s", "arms": {arm:
-{metric: {"mean", "std"}}}, "curves": ..., "config": ...}``) and ``results/multi_answer_rl.png`` (coverage,
-duplicate rate and set Brier against RL steps).
+Outputs: markdown table on stdout, ``<out>/multi_answer_rl.json`` (the kit's schema plus ``curves``) and
+``<out>/multi_answer_rl.png`` (coverage, duplicate rate and set Brier against RL steps).
 """
 from __future__ import annotations
 
-import argparse
 import copy
-import functools
-import json
-import logging
 import os
 import time
-import warnings
 
 import numpy as np
 import torch
-from lightning.pytorch import Callback, Trainer, seed_everything
-from tqdm import tqdm
+from lightning.pytorch import Callback, seed_everything
 
 from datamodules.many_answer_tasks import ManyAnswerDataModule
+from experiments.kit import (experiment_parser, from_config, markdown_table, progress, quiet_single_thread,
+                             quiet_trainer, summarise, write_result)
 from lightning_modules.grpo import ExactMatchReward
-from lightning_modules.multi_answer_rl import MultiAnswerGRPO, MultiAnswerReward
-from lightning_modules.sft import SupervisedWarmup
-from lightning_modules.tiny_gpt import TinyGPT
+from lightning_modules.multi_answer_rl import MultiAnswerGRPO
 
 PAPER = "Reaching Beyond the Mode: RL for Distributional Reasoning in Language Models (arXiv 2603.24844)"
+SFT_CONFIG, RL_CONFIG = "configs/multi_answer_rl/sft_quick.yaml", "configs/multi_answer_rl/quick.yaml"
 K = 3
 SINGLE = "single-answer RLVR (K samples)"
 ARMS = {  # arm -> (answer format, reward mode or None for exact match, extra reward arguments)
@@ -68,36 +63,48 @@ ARMS = {  # arm -> (answer format, reward mode or None for exact match, extra re
     "Multi-RLCR (count accuracy)": ("multi", "rlcr", {"accuracy": "count"}),
     "Multi-RLCR, no sum(p)<=1 gate (ablation)": ("multi", "rlcr", {"confidence_sum_constraint": False}),
 }
+SMOKE_ARMS = (SINGLE, "Multi-RLCR")
 METRICS = ("coverage", "distinct_correct", "duplicate_rate", "pass@1", f"pass@{K}", "format", "set_brier", "ece",
            "tokens_per_answer", "tokens_per_correct_answer")
 MAX_NEW_TOKENS = {"multi": 16, "single": 6}
 
 
-def _trainer(max_steps: int, callbacks=(), clip: float | None = None) -> Trainer:
-    return Trainer(accelerator="cpu", devices=1, max_steps=max_steps, logger=False, enable_checkpointing=False,
-                   enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-                   num_sanity_val_steps=0, callbacks=list(callbacks), gradient_clip_val=clip, deterministic=True)
+def _data_overrides(fmt: str, seed: int) -> list[str]:
+    return [f"--data.init_args.target_format={fmt}", f"--data.init_args.task_num_candidates={K}",
+            "--data.init_args.with_confidence=true", f"--data.init_args.seed={seed}"]
 
 
-def _datamodule(fmt: str, seed: int, split: str) -> ManyAnswerDataModule:
-    return ManyAnswerDataModule(source="divisors", target_format=fmt, task_num_candidates=K, with_confidence=True,
-                                train_split=split, sft_samples_per_prompt=64, sft_valid_prob=0.7, sft_batch_size=64,
-                                batch_size=16, eval_batch_size=128, seed=seed)
+def _policy_overrides(args) -> list[str]:
+    return [f"--model.init_args.policy.init_args.n_layer={args.n_layer}",
+            f"--model.init_args.policy.init_args.d_model={args.d_model}"]
 
 
-def _reward(mode: str | None, extra: dict | None = None):
-    if mode is None:
-        return ExactMatchReward(extract=False)
-    return MultiAnswerReward(mode=mode, num_candidates=K, with_confidence=True, **(extra or {}))
+def _reward_overrides(mode: str | None, extra: dict | None = None) -> list[str]:
+    if mode is None:  # exact match on the single answer
+        return [f"--model.init_args.reward={ExactMatchReward.__module__}.ExactMatchReward",
+                "--model.init_args.reward.init_args.extract=false"]
+    return [f"--model.init_args.reward.init_args.mode={mode}",
+            f"--model.init_args.reward.init_args.num_candidates={K}",
+            "--model.init_args.reward.init_args.with_confidence=true",
+            *(f"--model.init_args.reward.init_args.{k}={str(v).lower() if isinstance(v, bool) else v}"
+              for k, v in (extra or {}).items())]
 
 
-def _module(policy, fmt: str, mode: str | None, args, seed: int, extra: dict | None = None) -> MultiAnswerGRPO:
-    # Evaluating a multi-answer warm-up: rank like the RLVR arms (listed order); RLCR ranks by confidence.
-    return MultiAnswerGRPO(policy=policy, reward=_reward(mode, extra), num_candidates=K, answer_format=fmt,
-                           rollouts_per_prompt=args.rollouts, max_new_tokens=MAX_NEW_TOKENS[fmt], temperature=1.0,
-                           scale_by_group_std=False, loss_aggregation="token_mean", clip_low=0.2, clip_high=0.2,
-                           kl_coef=0.0, eval_samples=args.eval_sets, eval_temperature=1.0, rollout_seed=seed,
-                           optimizer=functools.partial(torch.optim.Adam, lr=args.lr))
+def rl_module(state: dict, fmt: str, mode: str | None, args, seed: int, extra: dict | None = None):
+    """``(MultiAnswerGRPO, RL-split datamodule)`` from quick.yaml with the warm-up's weights.
+
+    Evaluating a multi-answer warm-up: rank like the RLVR arms (listed order); RLCR ranks by confidence.
+    """
+    module, dm = from_config(
+        RL_CONFIG, f"--seed_everything={seed}", "--model.init_args.init_from=null", *_policy_overrides(args),
+        *_reward_overrides(mode, extra), f"--model.init_args.num_candidates={K}",
+        f"--model.init_args.answer_format={fmt}", f"--model.init_args.rollouts_per_prompt={args.rollouts}",
+        f"--model.init_args.max_new_tokens={MAX_NEW_TOKENS[fmt]}", f"--model.init_args.eval_samples={args.eval_sets}",
+        f"--model.init_args.rollout_seed={seed}", f"--model.init_args.optimizer.init_args.lr={args.lr}",
+        *_data_overrides(fmt, seed))
+    module.policy.load_state_dict(state)
+    seed_everything(seed, workers=True, verbose=False)  # as before building: the fresh policy drew from the RNG
+    return module, dm
 
 
 @torch.no_grad()
@@ -130,15 +137,13 @@ class Curve(Callback):
             self.points.append({"step": step, **evaluate(pl_module, self.dm, self.sets, self.seed)})
 
 
-def warm_up(fmt: str, seed: int, args) -> TinyGPT:
-    seed_everything(seed, workers=True, verbose=False)
-    dm = _datamodule(fmt, seed, "sft")
-    policy = TinyGPT(vocab_size=dm.tokenizer.vocab_size, n_layer=args.n_layer, d_model=args.d_model, n_head=4,
-                     context_length=24)
-    sft = SupervisedWarmup(policy=policy, max_new_tokens=MAX_NEW_TOKENS[fmt], eval_samples=0,
-                           optimizer=functools.partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.0))
-    _trainer(args.sft_steps, clip=1.0).fit(sft, datamodule=dm)
-    return sft.policy
+def warm_up(fmt: str, seed: int, args) -> dict:
+    """The format warm-up of ``fmt`` (sft_quick.yaml, `--sft-steps` steps); returns the policy's state_dict."""
+    sft, dm = from_config(SFT_CONFIG, f"--seed_everything={seed}", *_policy_overrides(args),
+                          f"--model.init_args.max_new_tokens={MAX_NEW_TOKENS[fmt]}", *_data_overrides(fmt, seed))
+    quiet_trainer(max_steps=args.sft_steps, limit_val_batches=0, gradient_clip_val=1.0,
+                  deterministic=True).fit(sft, datamodule=dm)
+    return copy.deepcopy(sft.policy.state_dict())
 
 
 def run_seed(seed: int, args) -> tuple[dict, dict]:
@@ -146,39 +151,25 @@ def run_seed(seed: int, args) -> tuple[dict, dict]:
     warm = {fmt: warm_up(fmt, seed, args) for fmt in ("single", "multi")}
     for fmt, mode, name in (("single", None, "SFT warm-up, single (K samples)"),
                             ("multi", "rlvr_any", "SFT warm-up, multi")):
-        module = _module(copy.deepcopy(warm[fmt]), fmt, mode, args, seed)
-        results[name] = evaluate(module, _datamodule(fmt, seed, "rl"), args.eval_sets, seed)
-    for arm, (fmt, mode, extra) in ARMS.items():
+        module, dm = rl_module(warm[fmt], fmt, mode, args, seed)
+        results[name] = evaluate(module, dm, args.eval_sets, seed)
+    for arm, (fmt, mode, extra) in progress(ARMS.items(), f"seed {seed} arms"):
         if args.arms and arm not in args.arms:
             continue
-        seed_everything(seed, workers=True, verbose=False)
-        dm = _datamodule(fmt, seed, "rl")
-        module = _module(copy.deepcopy(warm[fmt]), fmt, mode, args, seed, extra)
+        module, dm = rl_module(warm[fmt], fmt, mode, args, seed, extra)
         curve = Curve(dm, args.curve_every, args.curve_sets, seed)
         start = time.time()
-        _trainer(args.rl_steps, [curve]).fit(module, datamodule=dm)
+        quiet_trainer([curve], max_steps=args.rl_steps, limit_val_batches=0,
+                      deterministic=True).fit(module, datamodule=dm)
         results[arm] = {**evaluate(module, dm, args.eval_sets, seed), "rl_wall_s": time.time() - start}
         curves[arm] = curve.points
     return results, curves
 
 
-def summarise(per_seed: list[dict]) -> dict:
-    arms = {}
-    for arm in per_seed[0]:
-        arms[arm] = {}
-        for metric in (*METRICS, "rl_wall_s"):
-            values = [r[arm][metric] for r in per_seed if metric in r[arm] and np.isfinite(r[arm][metric])]
-            if values:
-                arms[arm][metric] = {"mean": float(np.mean(values)), "std": float(np.std(values))}
-    return arms
-
-
-def markdown_table(arms: dict) -> str:
-    lines = ["| arm | " + " | ".join(METRICS) + " |", "|---" * (len(METRICS) + 1) + "|"]
-    for arm, metrics in arms.items():
-        cells = [f"{metrics[m]['mean']:.3f} ± {metrics[m]['std']:.3f}" if m in metrics else "n/a" for m in METRICS]
-        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+def table_rows(per_seed: list[dict]) -> list[dict]:
+    """The summarised metrics of every arm per seed (non-finite values, e.g. no confidences, left out)."""
+    return [{arm: {m: row[m] for m in (*METRICS, "rl_wall_s") if m in row and np.isfinite(row[m])}
+             for arm, row in results.items()} for results in per_seed]
 
 
 def mean_curves(all_curves: list[dict]) -> dict:
@@ -217,8 +208,7 @@ def plot(curves: dict, path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=3)
+    parser = experiment_parser(__doc__.splitlines()[0], seeds=3)
     parser.add_argument("--sft-steps", type=int, default=800)
     parser.add_argument("--rl-steps", type=int, default=100)
     parser.add_argument("--rollouts", type=int, default=8)
@@ -229,31 +219,28 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--curve-every", type=int, default=25)
     parser.add_argument("--curve-sets", type=int, default=2)
     parser.add_argument("--arms", nargs="*", default=None, help=f"subset of {list(ARMS)} (default: all)")
-    parser.add_argument("--out", default="results")
     args = parser.parse_args(argv)
     unknown = set(args.arms or ()) - set(ARMS)
     if unknown:
         parser.error(f"unknown arms {sorted(unknown)}; choose from {list(ARMS)}")
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    logging.getLogger("lightning.fabric").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(1)
+    if args.smoke:
+        args.sft_steps, args.rl_steps, args.rollouts, args.eval_sets = 3, 2, 2, 1
+        args.curve_every, args.curve_sets, args.arms = 1, 1, args.arms or list(SMOKE_ARMS)
+    quiet_single_thread()
 
     start = time.time()
     per_seed, all_curves = [], []
-    for seed in tqdm(range(args.seeds), desc="seeds"):
+    for seed in progress(range(args.seeds), "seeds"):
         results, curves = run_seed(seed, args)
         per_seed.append(results)
         all_curves.append(curves)
-    arms = summarise(per_seed)
+    arms = summarise(table_rows(per_seed))
     curves = mean_curves(all_curves)
-    result = {"paper": PAPER, "seeds": args.seeds, "wall_s": time.time() - start, "arms": arms, "curves": curves,
-              "config": vars(args), "per_seed": per_seed}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "multi_answer_rl.json"), "w") as f:
-        json.dump(result, f, indent=2)
+    settings = {k: v for k, v in vars(args).items() if k != "out"}
+    result = write_result(PAPER, seeds=args.seeds, wall_s=time.time() - start, config=settings, arms=arms,
+                          per_seed=per_seed, out=args.out, name="multi_answer_rl", curves=curves)
     plot(curves, os.path.join(args.out, "multi_answer_rl.png"))
-    print(markdown_table(arms))
+    print(markdown_table(arms, METRICS))
     print(f"\nwall {result['wall_s']:.0f} s (seeds {args.seeds}, SFT {args.sft_steps} steps, GRPO {args.rl_steps} "
           f"steps x 16 prompts x {args.rollouts} rollouts)")
     return result
