@@ -1,4 +1,6 @@
-"""Plumbing shared by every paper module: injected optimisers and fine-tuning from a checkpoint.
+"""Plumbing shared by every paper module: injected optimisers, fine-tuning from a checkpoint, and the model-data
+contract (``data_value`` / ``check_data_matches`` / ``attached_data``: what a module reads from the attached
+datamodule, declared per data family in `lightning_modules.data_contract`).
 
 Two ways to start from a checkpoint, and they mean different things:
 
