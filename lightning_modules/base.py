@@ -4,8 +4,9 @@ datamodule, declared per data family in `lightning_modules.data_contract`).
 
 Two ways to start from a checkpoint, and they mean different things:
 
-* ``--ckpt_path run.ckpt`` (Lightning) is an *exact resume*: model weights, optimiser state, epoch and
-  callback state are restored, and the checkpoint's saved hyper-parameters win over the YAML.
+* ``--ckpt_path run.ckpt`` (Lightning) is an *exact resume*: model weights, optimiser state, epoch,
+  callback state and (``PaperModule.on_load_checkpoint``) the global RNG states are restored, and the
+  checkpoint's saved hyper-parameters win over the YAML.
 * ``--model.init_args.init_from run.ckpt`` (this module) is *fine-tuning with a new config*: only the
   weights whose name and shape match the new model are copied, in ``setup("fit")``; everything else
   (optimiser, schedule, epoch counter, hyper-parameters) comes from the new config. What was skipped is

@@ -72,24 +72,25 @@ def config_path(relative: str) -> str:
 
 @pytest.fixture(scope="session")
 def prerequisite_checkpoints(tmp_path_factory):
-    """Checkpoint of each prerequisite config after 2 training steps (built once per session)."""
-    built: dict[str, str] = {}
+    """Checkpoint of each prerequisite config after `steps` training steps (2 unless a test needs a prerequisite
+    that has learnt something; built once per session and step count)."""
+    built: dict[tuple[str, int], str] = {}
 
-    def get(prerequisite: str) -> str:
-        if prerequisite not in built:
+    def get(prerequisite: str, steps: int = 2) -> str:
+        if (prerequisite, steps) not in built:
             out = tmp_path_factory.mktemp("prerequisite")
             cwd = os.getcwd()
             os.chdir(out)
             try:
-                cli = run_cli("--config", config_path(prerequisite), "--trainer.max_steps=2",
+                cli = run_cli("--config", config_path(prerequisite), f"--trainer.max_steps={steps}",
                               "--trainer.limit_val_batches=1", "--trainer.logger=false",
                               "--trainer.enable_progress_bar=false", run=False)
                 cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-                built[prerequisite] = str(out / "prerequisite.ckpt")
-                cli.trainer.save_checkpoint(built[prerequisite])
+                built[prerequisite, steps] = str(out / "prerequisite.ckpt")
+                cli.trainer.save_checkpoint(built[prerequisite, steps])
             finally:
                 os.chdir(cwd)
-        return built[prerequisite]
+        return built[prerequisite, steps]
 
     return get
 
@@ -97,9 +98,9 @@ def prerequisite_checkpoints(tmp_path_factory):
 @pytest.fixture
 def prerequisite_args(prerequisite_checkpoints):
     """Extra CLI args a config needs (its prerequisite's checkpoint), as a function of the config."""
-    def args_for(config: str) -> list[str]:
+    def args_for(config: str, steps: int = 2) -> list[str]:
         if config not in PREREQUISITES:
             return []
-        return [f"--model.init_args.init_from={prerequisite_checkpoints(PREREQUISITES[config])}"]
+        return [f"--model.init_args.init_from={prerequisite_checkpoints(PREREQUISITES[config], steps)}"]
 
     return args_for
