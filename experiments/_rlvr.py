@@ -3,10 +3,10 @@
 Task: reversed-digit addition ``a+b=`` -> digits of a+b least significant first, from
 `datamodules.verifiable_tasks` (a fixed, tier-stratified RL pool with stable prompt ids and a disjoint held-out
 test pool). Per seed: one supervised warm-up of the tiny GPT built from ``configs/grpo/sft_quick.yaml`` (a plain
-loop over `lightning_modules.sft.sft_loss`, AdamW; cached on disk under the temp dir keyed by seed and settings,
-shared by both experiments), then GRPO built from the paper's config (``configs/knapsack_rl/quick.yaml`` or
-``configs/dars/quick.yaml``) through `experiments.kit.from_config`, overriding only the experiment's scale and
-the arm's allocator, and trained with `experiments.kit.quiet_trainer`.
+loop over `lightning_modules.sft.sft_loss`, AdamW; cached on disk under the temp dir keyed by seed, settings and
+the warm-up's code, shared by both experiments), then GRPO built from the paper's config
+(``configs/knapsack_rl/quick.yaml`` or ``configs/dars/quick.yaml``) through `experiments.kit.from_config`,
+overriding only the experiment's scale and the arm's allocator, and trained with `experiments.kit.quiet_trainer`.
 """
 from __future__ import annotations
 
@@ -21,6 +21,9 @@ import numpy as np
 import torch
 from lightning.pytorch import Callback
 
+import datamodules.verifiable_tasks as verifiable_tasks
+import lightning_modules.sft as sft_module
+import lightning_modules.tiny_gpt as tiny_gpt
 from datamodules.verifiable_tasks import collate_sft
 from experiments.kit import from_config, quiet_trainer
 from lightning_modules.grpo import pass_at_k
@@ -90,6 +93,9 @@ def warm_up(args, seed: int) -> dict:
     key_settings = dict(seed=seed, steps=args.sft_steps, batch=args.sft_batch, lr=args.sft_lr, pool=args.pool,
                         test_pool=args.test_pool, tiers=sorted(args.tiers), model="TinyGPT-default",
                         extra_fraction=args.sft_extra_fraction)
+    # the key also covers the code that determines the warm-up, so an edited recipe never reads a stale cache
+    sources = b"".join(Path(module.__file__).read_bytes() for module in (sft_module, tiny_gpt, verifiable_tasks))
+    key_settings["code"] = hashlib.sha1(sources + Path(__file__).read_bytes()).hexdigest()
     key = hashlib.sha1(json.dumps(key_settings, sort_keys=True).encode()).hexdigest()[:12]
     cache = Path(tempfile.gettempdir()) / "icml26_rlvr_sft" / f"seed{seed}_{key}.pt"
     if cache.is_file():
