@@ -4,11 +4,15 @@ Claim (arXiv 2506.20893): class-unlearning methods leave the forget class's inpu
 distribution unlike a retrained model's, which a neighbour-class attack (CMIA) detects; TREW, which matches
 a similarity-tilted version of the original distribution, gets closest to retraining.
 
-Protocol per seed (the real modules, trained with Lightning):
-1. the original ``ImageClassifier`` (MLP 64-128-10, Adam 1e-3, 40 epochs) on all digits;
-2. three retrained references without the forget class: R (the reference every arm is compared to),
-   R2 (a second retrain: the *floor* any method can hope for), A (the CMIA attacker's shadow model);
-3. unlearning arms from the original, 5 epochs each (``ClassUnlearning``): FT, NegGrad+, RL, TREW at the
+Protocol per seed (the real modules, built from the configs the CLI runs and trained with Lightning):
+1. the original ``ImageClassifier`` (MLP 64-128-10, Adam 1e-3, 40 epochs) on all digits:
+   ``configs/trew/classifier_quick.yaml``;
+2. three retrained references without the forget class (``configs/trew/retrain_quick.yaml``, the same recipe):
+   R (the reference every arm is compared to), R2 (a second retrain: the *floor* any method can hope for),
+   A (the CMIA attacker's shadow model);
+3. unlearning arms from the original, 5 epochs each (``ClassUnlearning`` from ``configs/trew/quick.yaml``,
+   ``init_from`` the original; the experiment sets the method and the TREW callback's arguments per arm):
+   FT, NegGrad+, RL, TREW at the
    paper default (beta 10, T 0.1), TREW with (beta, T) chosen on the *validation* forget inputs by TV to R
    (for the paper's weight similarity and for the confusion similarity, beta = 0 among the candidates),
    and the beta = 0 ablation;
@@ -16,28 +20,26 @@ Protocol per seed (the real modules, trained with Lightning):
    on test forget inputs, CMIA detection rate and its gap to R.
 
 Writes ``results/trew.json`` and ``results/trew.png``, prints a markdown table (mean ± std over seeds).
+Every run of a seed is seeded as before the move to the configs (``--seed_everything`` = seed, seed + 1000,
++ 2000, + 3000 for the classifiers; seed for every unlearning arm), so the numbers are those of the README.
 """
 from __future__ import annotations
 
-import argparse
 import itertools
-import json
 import logging
 import os
 import tempfile
 import time
-import warnings
 
-import numpy as np
 import torch
-from lightning.pytorch import Trainer, seed_everything
-from tqdm import tqdm
 
 from callbacks.trew import TREWReweighting
-from datamodules.images import ImageClassificationDataModule
-from lightning_modules.classifier import ImageClassifier
-from lightning_modules.trew import (CMIAttack, ClassUnlearning, mia_efficacy, neighbour_classes,
-                                    predict_probabilities, total_variation)
+from experiments import kit
+from lightning_modules.trew import CMIAttack, mia_efficacy, neighbour_classes, predict_probabilities, total_variation
+
+CLASSIFIER_CONFIG = "configs/trew/classifier_quick.yaml"   # stage 1: the original
+RETRAIN_CONFIG = "configs/trew/retrain_quick.yaml"         # the same without the forget class: R, R2, A
+UNLEARN_CONFIG = "configs/trew/quick.yaml"                 # stage 2: ClassUnlearning from the original
 
 BETA_GRID = (0.0, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
 TEMPERATURE_GRID = (0.1, 0.3, 1.0, 3.0)
@@ -46,26 +48,25 @@ METRICS = ("forget_acc", "retain_acc", "forget_train_acc", "mia_efficacy", "tv_t
 
 
 def fit(model, datamodule, epochs: int, callbacks=()) -> torch.nn.Module:
-    trainer = Trainer(max_epochs=epochs, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, deterministic=True,
-                      num_sanity_val_steps=0, limit_val_batches=0, callbacks=list(callbacks))
+    trainer = kit.quiet_trainer(callbacks, max_epochs=epochs, deterministic=True, limit_val_batches=0)
     trainer.fit(model, datamodule=datamodule)
     return model.eval()
 
 
-def train_classifier(seed: int, data: ImageClassificationDataModule, epochs: int) -> ImageClassifier:
-    seed_everything(seed, verbose=False)
-    return fit(ImageClassifier(backbone="mlp", hidden_dim=128, optimizer=adam), data, epochs)
+def train_classifier(seed: int, data_seed: int, forget_class: int, epochs: int, retain_only: bool):
+    """The config's ImageClassifier, seeded with `seed`, on digits split by `data_seed`; returns (model, data).
 
-
-def adam(params):
-    return torch.optim.Adam(params, lr=1e-3)
+    ``retain_only`` starts from ``retrain_quick.yaml`` (train without the forget class), as the CLI does."""
+    model, data = kit.from_config(RETRAIN_CONFIG if retain_only else CLASSIFIER_CONFIG, f"--seed_everything={seed}",
+                                  f"--data.init_args.forget_class={forget_class}", f"--data.init_args.seed={data_seed}")
+    data.setup("fit")
+    return fit(model, data, epochs), data
 
 
 class Evaluator:
     """All held-out outputs needed for the metrics, with the retrained reference R and the CMIA attack."""
 
-    def __init__(self, data: ImageClassificationDataModule, reference: torch.nn.Module, shadow: torch.nn.Module,
+    def __init__(self, data, reference: torch.nn.Module, shadow: torch.nn.Module,
                  forget_class: int, seed: int) -> None:
         self.data, self.forget_class, self.seed = data, forget_class, seed
         self.reference = self.outputs(reference)
@@ -111,23 +112,23 @@ class Evaluator:
 
 def unlearn(method: str, checkpoint: str, data, forget_class: int, epochs: int, seed: int,
             forget_weight: float = 1.0, **trew_args):
-    seed_everything(seed, verbose=False)
-    model = ClassUnlearning(forget_class=forget_class, method=method, forget_weight=forget_weight,
-                            backbone="mlp", hidden_dim=128, optimizer=adam, init_from=checkpoint)
+    """``configs/trew/quick.yaml``'s ClassUnlearning with this arm's method, from `checkpoint`, trained on `data`
+    (the config's TREW callback is replaced by one with this arm's beta, T and similarity)."""
+    model, _ = kit.from_config(UNLEARN_CONFIG, f"--seed_everything={seed}", f"--model.init_args.method={method}",
+                               f"--model.init_args.forget_class={forget_class}",
+                               f"--model.init_args.forget_weight={forget_weight}",
+                               f"--model.init_args.init_from={checkpoint}",
+                               f"--data.init_args.forget_class={forget_class}", f"--data.init_args.seed={seed}")
     callbacks = [TREWReweighting(**trew_args)] if method == "trew" else []
     return fit(model, data, epochs, callbacks)
 
 
 def run_seed(seed: int, args) -> dict[str, dict[str, float]]:
-    f = args.forget_class
-    data_all = ImageClassificationDataModule(dataset="digits", forget_class=f, seed=seed)
-    data_retain = ImageClassificationDataModule(dataset="digits", forget_class=f, train_on="retain", seed=seed)
-    for data in (data_all, data_retain):
-        data.setup("fit")
-    original = train_classifier(seed, data_all, args.original_epochs)
-    reference = train_classifier(seed + 1000, data_retain, args.original_epochs)
-    second_retrain = train_classifier(seed + 2000, data_retain, args.original_epochs)
-    shadow = train_classifier(seed + 3000, data_retain, args.original_epochs)
+    f, epochs = args.forget_class, args.original_epochs
+    original, data_all = train_classifier(seed, seed, f, epochs, retain_only=False)
+    reference, _ = train_classifier(seed + 1000, seed, f, epochs, retain_only=True)
+    second_retrain, _ = train_classifier(seed + 2000, seed, f, epochs, retain_only=True)
+    shadow, _ = train_classifier(seed + 3000, seed, f, epochs, retain_only=True)
     evaluator = Evaluator(data_all, reference, shadow, f, seed)
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -145,7 +146,7 @@ def run_seed(seed: int, args) -> dict[str, dict[str, float]]:
         # (similarity source, beta, T) -> (validation TV to R, model); beta = 0 ignores the similarity
         grid = {("weights", 0.0, 1.0): None}
         grid.update({(source, beta, temperature): None for source in ("weights", "confusion")
-                     for beta, temperature in itertools.product(BETA_GRID[1:], TEMPERATURE_GRID)})
+                     for beta, temperature in itertools.product(args.beta_grid[1:], args.temperature_grid)})
         for source, beta, temperature in grid:
             model = run("trew", beta=beta, temperature=temperature, similarity=source)
             grid[(source, beta, temperature)] = (evaluator.validation_tv(model), model)
@@ -185,16 +186,6 @@ def similarity_diagnostic(original, evaluator: Evaluator, forget_class: int) -> 
     }
 
 
-def summarise(per_seed: list[dict]) -> dict[str, dict[str, dict[str, float]]]:
-    arms = {}
-    for arm in per_seed[0]:
-        arms[arm] = {}
-        for metric in per_seed[0][arm]:
-            values = np.array([seed_result[arm][metric] for seed_result in per_seed], dtype=float)
-            arms[arm][metric] = {"mean": float(values.mean()), "std": float(values.std())}
-    return arms
-
-
 def markdown_table(arms: dict) -> str:
     header = "| arm | " + " | ".join(METRICS) + " |"
     lines = [header, "|" + "---|" * (len(METRICS) + 1)]
@@ -230,27 +221,29 @@ def plot(arms: dict, path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=5)
+    parser = kit.experiment_parser(__doc__.splitlines()[0], seeds=5)
     parser.add_argument("--forget-class", type=int, default=8)
     parser.add_argument("--original-epochs", type=int, default=40)
     parser.add_argument("--unlearn-epochs", type=int, default=5)
     parser.add_argument("--neggrad-weight", type=float, default=0.1)
-    parser.add_argument("--out", default="results")
     args = parser.parse_args(argv)
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    logging.getLogger("lightning_modules").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(1)
+    args.beta_grid, args.temperature_grid = BETA_GRID, TEMPERATURE_GRID
+    if args.smoke:  # the pipeline in seconds: 1-epoch models, a 3-point TREW grid (beta 0; beta 10, T 0.1)
+        args.original_epochs, args.unlearn_epochs = 1, 1
+        args.beta_grid, args.temperature_grid = (0.0, 10.0), (0.1,)
+    kit.quiet_single_thread()
+    logging.getLogger("lightning_modules").setLevel(logging.ERROR)  # init_from reports, once per arm
 
     start = time.time()
-    per_seed = [run_seed(seed, args) for seed in tqdm(range(args.seeds), desc="seeds")]
-    arms = summarise(per_seed)
-    result = {"paper": "TREW / CMIA (arXiv 2506.20893)", "seeds": args.seeds, "wall_s": time.time() - start,
-              "arms": arms, "config": vars(args)}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "trew.json"), "w") as f:
-        json.dump(result, f, indent=2)
+    per_seed = [run_seed(seed, args) for seed in kit.progress(range(args.seeds), "seeds")]
+    arms = kit.summarise(per_seed)
+    config = {"classifier_config": CLASSIFIER_CONFIG, "retrain_config": RETRAIN_CONFIG,
+              "unlearn_config": UNLEARN_CONFIG, "forget_class": args.forget_class,
+              "original_epochs": args.original_epochs, "unlearn_epochs": args.unlearn_epochs,
+              "neggrad_weight": args.neggrad_weight, "beta_grid": args.beta_grid,
+              "temperature_grid": args.temperature_grid, "smoke": args.smoke}
+    result = kit.write_result("TREW / CMIA (arXiv 2506.20893)", seeds=args.seeds, wall_s=time.time() - start,
+                              config=config, arms=arms, per_seed=per_seed, out=args.out, name="trew")
     plot(arms, os.path.join(args.out, "trew.png"))
     print(markdown_table(arms))
     diagnostic = arms["diagnostic: similarity vs retrained"]
