@@ -286,9 +286,3 @@ class LDARNetNetwork(nn.Module):
         aux = {"ratio_loss": loss if self.boundary_mode == "learned" else loss.detach() * 0,
                "compression": frac.detach(), "mean_prob": mean_p.detach(), "boundaries": b, "p": p.detach()}
         return out, aux
-
-    def lr_groups(self) -> dict[str, list[str]]:
-        """Parameter names of the outer stage and of the backbone (for the LR multiplier)."""
-        names = [n for n, p in self.named_parameters() if p.requires_grad]
-        return {"main": [n for n in names if n.startswith("main.") or n == "pad_dimension"],
-                "outer": [n for n in names if not (n.startswith("main.") or n == "pad_dimension")]}
