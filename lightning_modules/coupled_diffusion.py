@@ -119,6 +119,7 @@ from torch import Tensor, nn
 from lightning_modules.base import PaperModule, read_checkpoint
 from lightning_modules.classifier import build_backbone
 from lightning_modules.coupling_strategies import SAMPLERS, STRATEGIES, TRAINING_LOSSES, noise_like
+from lightning_modules.data_contract import PixelStatisticsData
 from lightning_modules.denoisers import MLPDenoiser, UNet, from_model_range, to_model_range
 from lightning_modules.errors import UserInputError, check_range
 
@@ -335,15 +336,12 @@ class CoupledDiffusion(PaperModule):
         return standardize_logits(logits, self.hparams.logit_scale)
 
     def setup(self, stage: str) -> None:
-        datamodule = self.attached_datamodule
-        if datamodule is not None:
-            for name in ("num_classes", "in_channels", "image_size"):
-                data_value = getattr(datamodule, name, None)
-                if data_value is not None and data_value != self.hparams[name]:
-                    raise UserInputError(f"model.{name}={self.hparams[name]} but the data has {name}={data_value}: "
-                                         f"set model.init_args.{name}: {data_value}.")
-            if stage == "fit" and getattr(datamodule, "mean", None) is not None:
-                self.set_pixel_statistics(datamodule.mean, datamodule.std)
+        sizes = {name: self.hparams[name] for name in ("num_classes", "in_channels", "image_size")}
+        self.check_data_matches(PixelStatisticsData, sizes, "model.{name}={model} but the data has {name}={data}: set "
+                                                            "model.init_args.{name}: {data}.")
+        mean = self.data_value(PixelStatisticsData, "mean")
+        if stage == "fit" and mean is not None:
+            self.set_pixel_statistics(mean, self.data_value(PixelStatisticsData, "std"))
         super().setup(stage)  # init_from: the classifier checkpoint
         resuming = self._trainer is not None and bool(self.trainer.ckpt_path)
         if stage == "fit" and not self.classifier_loaded and not resuming:
@@ -386,7 +384,7 @@ class CoupledDiffusion(PaperModule):
                                  f"model.init_args.{'; '.join(wrong)}.")
         data_saved = payload.get("datamodule_hyper_parameters") or {}
         datamodule = self.attached_datamodule
-        data_now = getattr(datamodule, "hparams", {}) if datamodule is not None else {}
+        data_now = datamodule.hparams if datamodule is not None else {}
         if "dataset" in data_saved and "dataset" in data_now and data_saved["dataset"] != data_now["dataset"]:
             raise UserInputError(f"the classifier in '{self.init_from}' was trained on dataset "
                                  f"{data_saved['dataset']!r}, but the data is {data_now['dataset']!r}.")
