@@ -65,10 +65,6 @@ def encode(sequence: str, where: str = "sequence") -> np.ndarray:
     return ids
 
 
-def decode(tokens) -> str:
-    return "".join("ACGTN??"[int(t)] for t in tokens)
-
-
 def _motif_ids(motif: str) -> np.ndarray:
     return encode(motif)
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from datamodules.genomics import (MOTIFS, DNAClassificationDataModule, DNAPretrainDataModule, PadCollate, decode,
-                                  encode, motif_edge_mask, motif_hits, read_bed_windows, read_fasta,
-                                  read_genomic_benchmarks, read_nucleotide_transformer, synthetic_motif_task)
+from datamodules.genomics import (MOTIFS, DNAClassificationDataModule, DNAPretrainDataModule, PadCollate, encode,
+                                  motif_edge_mask, motif_hits, read_bed_windows, read_fasta, read_genomic_benchmarks,
+                                  read_nucleotide_transformer, synthetic_motif_task)
 from lightning_modules.bimamba2 import BiMamba2, mamba_ssm_available, ssd_chunked, ssd_scan, ssd_sequential
 from lightning_modules.errors import UserInputError
 from lightning_modules.ldarnet import (IGNORE_INDEX, LDARNetClassifier, LDARNetPretraining, WSDSchedule, mlm_mask,
@@ -19,6 +19,12 @@ from lightning_modules.ldarnet import (IGNORE_INDEX, LDARNetClassifier, LDARNetP
 from lightning_modules.ldarnet_network import (MASK_TOKEN, PAD_TOKEN, STE, BidirectionalRouter, check_arch_layout,
                                                chunk, dechunk_ema, fixed_boundaries, parse_layout, ratio_loss,
                                                upsample)
+
+
+def decode(tokens) -> str:
+    """Token ids back to a DNA string (the inverse of `encode` on A/C/G/T/N)."""
+    return "".join("ACGTN??"[int(t)] for t in tokens)
+
 
 TINY = dict(arch_layout=["m1t1", ["M1"], "m1"], d_model=[16, 32], d_intermediate=[0, 32], d_state=8, headdim=16,
             ssd_chunk_size=8, attn_heads=2, attn_window=4, rotary_dim=4)
