@@ -1,50 +1,155 @@
-"""Slow checks: 2-process CPU DDP reduces validation metrics exactly; resume equals an uninterrupted fit."""
+"""Slow checks over the whole collection: resuming from a checkpoint equals an uninterrupted fit (every quick
+config), and 2-process CPU DDP validation reduces every logged metric exactly as one process does (every module
+family that evaluates).
+
+Sizes are cut through CLI flags only (two training batches per epoch, small evaluation sets), so that the whole
+file runs in minutes on two cores; the configs themselves are the ones users run.
+"""
 from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import config_path, run_cli
+from conftest import PREREQUISITES, QUICK_CONFIGS, config_path, run_cli
 
-QUICK = config_path("configs/trew/classifier_quick.yaml")
-QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.logger=false"]
+
+
+def _in(directory: Path, *args: str, run: bool = True):
+    """`run_cli` from its own working directory: each run's relative `runs/...` paths stay apart."""
+    directory.mkdir(parents=True, exist_ok=True)
+    cwd = os.getcwd()
+    os.chdir(directory)
+    try:
+        return run_cli(*args, run=run)
+    finally:
+        os.chdir(cwd)
+
+
+# ============================================================================================== resume
+# Two training batches per epoch and one validation batch after each epoch, for every config: epoch boundaries
+# are where a resumed run must continue exactly (data order, RNG, module/callback/allocator state).
+RESUME = ["--seed_everything=7", "--trainer.deterministic=true", "--trainer.max_steps=-1",
+          "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1", "--trainer.val_check_interval=1.0",
+          "--trainer.check_val_every_n_epoch=1", *QUIET]
+
+
+def _checkpoint_of(cli, directory: Path) -> str:
+    """The checkpoint the run's own ModelCheckpoint wrote at its end (last, else best)."""
+    callback = cli.trainer.checkpoint_callback
+    path = (callback.last_model_path or callback.best_model_path) if callback is not None else ""
+    assert path and (directory / path).is_file(), "the interrupted run wrote no checkpoint"
+    return str(directory / path)  # paths in configs are relative to the run's working directory
+
+
+# RL fine-tuning from a 2-step warm-up samples no correct answer: every reward is 0, every advantage 0 (and DARS
+# drops every group), so the weights would never move and the comparison would prove nothing. These warm-ups train
+# long enough for some rollouts to succeed.
+LEARNT_PREREQUISITE_STEPS = {"configs/grpo/sft_quick.yaml": 200, "configs/multi_answer_rl/sft_quick.yaml": 100}
 
 
 @pytest.mark.slow
-def test_two_process_ddp_gives_the_same_validation_metrics_as_one_process(tmp_path):
-    # one short training run, then the same checkpoint validated by 1 and by 2 processes
-    fit = run_cli("fit", "--config", QUICK, "--trainer.max_epochs=2", f"--trainer.default_root_dir={tmp_path}",
-                  "--trainer.logger=false", *QUIET)
-    ckpt = fit.trainer.checkpoint_callback.last_model_path
+@pytest.mark.parametrize("config", QUICK_CONFIGS)
+def test_resume_after_an_epoch_equals_an_uninterrupted_fit(config, tmp_path, prerequisite_args):
+    steps = LEARNT_PREREQUISITE_STEPS.get(PREREQUISITES.get(config), 2)
+    common = ["fit", "--config", config_path(config), *prerequisite_args(config, steps), *RESUME]
+    straight = _in(tmp_path / "straight", *common, "--trainer.max_epochs=3")
+    first = _in(tmp_path / "first", *common, "--trainer.max_epochs=1")
+    ckpt = _checkpoint_of(first, tmp_path / "first")
+    resumed = _in(tmp_path / "resumed", *common, "--trainer.max_epochs=3", f"--ckpt_path={ckpt}")
+
+    assert resumed.trainer.global_step == straight.trainer.global_step > first.trainer.global_step > 0
+    assert resumed.trainer.current_epoch == straight.trainer.current_epoch == 3
+    expected, got = straight.model.state_dict(), resumed.model.state_dict()
+    assert expected.keys() == got.keys()
+    after_one_epoch = first.model.state_dict()
+    assert any(not torch.equal(value, after_one_epoch[key]) for key, value in expected.items()), \
+        "the weights did not move after the first epoch: the comparison would prove nothing"
+    different = [key for key, value in expected.items() if not torch.equal(value, got[key])]
+    assert not different, f"weights differ after resuming: {different[:5]}"
+    # what the last epoch logged (validation included) must be the same numbers too
+    logged = {k: float(v) for k, v in straight.trainer.callback_metrics.items()}
+    relogged = {k: float(v) for k, v in resumed.trainer.callback_metrics.items()}
+    assert logged.keys() == relogged.keys()
+    assert {k: v for k, v in relogged.items() if v != logged[k] and not (v != v and logged[k] != logged[k])} == {}
+
+
+# ================================================================================================= DDP
+# One config per module family that evaluates; every module class that has a validation_step is here. The extra
+# flags only shrink evaluation sets where the quick config's are large (validation runs over the whole set here).
+# The third entry names the metrics drawn from random streams that are seeded per *batch index* (noise levels,
+# masks, sampled rollouts/answers): under DDP each rank restarts its batch index at 0 over a different shard, so those
+# draws differ from one process's and the metrics may legitimately differ. Everything else must agree; those are only
+# required to exist in both runs and be finite.
+_BATCH_SEEDED = "noise/masks/samples come from generators seeded by the batch index, which restarts on every rank"
+DDP_FAMILIES = {
+    "classifier": ("configs/trew/classifier_quick.yaml", [], ()),
+    "trew": ("configs/trew/quick.yaml", [], ()),
+    "tamed_sgd": ("configs/tamed_sgd/quick.yaml", [], ()),
+    "sequential_rec": ("configs/rsir/quick.yaml", [], ()),
+    "nt_ssm": ("configs/nt_ssm/quick.yaml", [], ()),
+    "sft": ("configs/grpo/sft_quick.yaml", ["--data.init_args.test_pool_size=64"], (r"val/accuracy",)),
+    "grpo": ("configs/grpo/quick.yaml", ["--data.init_args.test_pool_size=64"],
+             (r"val/pass@\d+(_tier\d+)?", r"val/accuracy(_tier\d+)?")),
+    "multi_answer_rl": ("configs/multi_answer_rl/quick.yaml", [], (r"val/.*",)),  # every set is sampled
+    "coupled_diffusion": ("configs/coupled_diffusion/quick.yaml", [],
+                          (r"val/(x_|y_)?loss", r"val/acc", r"val/acc_f_enhanced")),
+    "spectral_guidance": ("configs/spectral_guidance/quick.yaml", ["--data.init_args.num_val=256"],
+                          (r"val/loss", r"val/eigenvalue_mean_t\d+")),
+    "diffusion_denoiser": ("configs/spectral_guidance/denoiser_quick.yaml", ["--data.init_args.num_val=256"],
+                           (r"val/loss",)),
+    "tivdiff": ("configs/tivdiff/quick.yaml", [], (r"val/vip_.*", r"val/diffusion", r"val/loss")),
+    "ldarnet_pretraining": ("configs/ldarnet/pretrain_quick.yaml", [], (r"val/.*",)),  # MLM masks are drawn
+    "ldarnet": ("configs/ldarnet/quick.yaml", [], ()),
+    "rna_fm": ("configs/rna_fm/quick.yaml", [], (r"val/loss", r"val/pearson", r"val/rmse")),
+    "he2rna": ("configs/rna_fm/he2rna_quick.yaml", [], ()),
+    "trnasformer": ("configs/rna_fm/trnasformer_quick.yaml", [], ()),
+}
+KNOWN_DDP_DEFECTS = {
+    "ldarnet": "val/mcc 0.0120 with 1 process vs 0.0085 with 2 while val/acc, val/loss and val/ce agree (measured "
+               "on the 2-step checkpoint); not yet diagnosed (suspected: near-tied logits of an untrained model "
+               "flipped by the different padding length of DDP batches)",
+}
+SHORT_FIT = ["--trainer.max_epochs=1", "--trainer.max_steps=-1", "--trainer.limit_train_batches=2",
+             "--trainer.limit_val_batches=0", "--trainer.val_check_interval=1.0", "--trainer.check_val_every_n_epoch=1",
+             *QUIET]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", [
+    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=KNOWN_DDP_DEFECTS[name]))
+    if name in KNOWN_DDP_DEFECTS else name for name in sorted(DDP_FAMILIES)])
+def test_two_process_ddp_validation_equals_one_process(family, tmp_path, prerequisite_args):
+    config, extra, batch_seeded = DDP_FAMILIES[family]
+    common = ["--config", config_path(config), *prerequisite_args(config), *extra]
+    fit = _in(tmp_path / "fit", "fit", *common, *SHORT_FIT)
+    ckpt = str(tmp_path / "short.ckpt")
+    fit.trainer.save_checkpoint(ckpt)
     results = {}
     for devices, strategy in ((1, "auto"), (2, "ddp_spawn")):
-        cli = run_cli("validate", "--config", QUICK, f"--ckpt_path={ckpt}", f"--trainer.devices={devices}",
-                      f"--trainer.strategy={strategy}", "--trainer.logger=false", *QUIET)
-        results[devices] = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
-    assert results[1].keys() == results[2].keys() and "val/acc" in results[1]
-    for key in results[1]:
-        assert results[2][key] == pytest.approx(results[1][key], abs=1e-6), key
-
-
-@pytest.mark.slow
-def test_ddp_fit_runs_on_two_cpu_processes(tmp_path):
-    cli = run_cli("fit", "--config", QUICK, "--trainer.max_epochs=1", "--trainer.devices=2",
-                  "--trainer.strategy=ddp_spawn", f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false",
+        cli = _in(tmp_path / f"validate{devices}", "validate", *common, f"--ckpt_path={ckpt}",
+                  f"--trainer.devices={devices}", f"--trainer.strategy={strategy}", "--trainer.limit_val_batches=1.0",
                   *QUIET)
-    assert cli.trainer.state.finished and 0.0 <= float(cli.trainer.callback_metrics["val/acc"]) <= 1.0
+        results[devices] = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
+    assert results[1], "validation logged nothing"
+    assert results[2].keys() == results[1].keys()
+    random = {k for k in results[1] if any(re.fullmatch(pattern, k) for pattern in batch_seeded)}
+    assert all(math.isfinite(results[n][k]) for n in (1, 2) for k in random), (_BATCH_SEEDED, results)
+    different = {k: (results[1][k], results[2][k]) for k in results[1].keys() - random
+                 if results[2][k] != pytest.approx(results[1][k], rel=1e-5, abs=1e-6, nan_ok=True)}
+    assert not different, f"1 process vs 2 processes: {different}"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["configs/trew/classifier_quick.yaml", "configs/tamed_sgd/quick.yaml"])
-def test_resume_after_epoch_one_equals_an_uninterrupted_fit(config, tmp_path):
-    common = ["--config", config_path(config), "--trainer.logger=false", "--seed_everything=7",
-              "--trainer.deterministic=true", "--trainer.max_steps=-1", *QUIET]
-    straight = run_cli("fit", *common, "--trainer.max_epochs=2", f"--trainer.default_root_dir={tmp_path}/a")
-    first = run_cli("fit", *common, "--trainer.max_epochs=1", f"--trainer.default_root_dir={tmp_path}/b")
-    checkpointing = first.trainer.checkpoint_callback
-    ckpt = checkpointing.last_model_path or checkpointing.best_model_path
-    resumed = run_cli("fit", *common, "--trainer.max_epochs=2", f"--trainer.default_root_dir={tmp_path}/c",
-                      f"--ckpt_path={ckpt}")
-    assert resumed.trainer.current_epoch == straight.trainer.current_epoch == 2
-    for key, value in straight.model.state_dict().items():
-        assert torch.equal(value, resumed.model.state_dict()[key]), key
+def test_two_process_ddp_fit_learns(tmp_path):
+    """A 2-process fit synchronises gradients: one epoch of the digits MLP gets far above chance (10 classes)."""
+    config = config_path("configs/trew/classifier_quick.yaml")
+    cli = _in(tmp_path, "fit", "--config", config, "--trainer.max_epochs=1", "--trainer.devices=2",
+              "--trainer.strategy=ddp_spawn", *QUIET)
+    assert cli.trainer.state.finished and cli.trainer.world_size == 2
+    assert float(cli.trainer.callback_metrics["val/acc"]) > 0.3  # measured 0.57 under DDP; chance is 0.1
