@@ -11,14 +11,15 @@ on that GPT-2 through `HFCausalLM`; transformers ``generate(do_sample=True)`` on
 before the call, as TRL does); our sampler on a `TinyGPT` of the same width/depth; and our sampler without the
 cache (recomputing the sequence each step). Timings are the minimum over ``--repeats`` runs after one warm-up.
 
-GRPO: optimiser steps/s of ``configs/grpo/quick.yaml`` (8 prompts x 4 rollouts, TinyGPT 0.35M) and of the method
-card's step (32 prompts x 8 rollouts), from a randomly initialised policy (init_from=null; validation off).
-Writes results/rlvr_speed.json.
+GRPO: optimiser steps/s of ``configs/grpo/quick.yaml`` (8 prompts x 4 rollouts, TinyGPT 0.35M) and of the
+step the rollout-allocation experiments use (32 prompts x 8 rollouts, as ``experiments.knapsack_rl``), from a
+randomly initialised policy (init_from=null; validation off), built through `experiments.kit.from_config`.
+
+``--seeds`` = independent measurement rounds (each the minimum over ``--repeats``). Writes ``<out>/rlvr_speed.json``
+in the kit's schema: arms = what is timed, metrics = throughputs (tokens/s or steps/s) and seconds.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import tempfile
 import time
@@ -26,10 +27,13 @@ import time
 import torch
 from lightning.pytorch import Callback
 
+from experiments.kit import experiment_parser, from_config, progress, quiet_trainer, summarise, write_result
 from lightning_modules.rollouts import TransformersGenerate, sample_completions
 from lightning_modules.tiny_gpt import HFCausalLM, TinyGPT
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GRPO_ARMS = {"grpo quick.yaml (8 prompts x 4 rollouts)": [],
+             "grpo 32 prompts x 8 rollouts": ["--data.init_args.batch_size=32",
+                                              "--model.init_args.rollouts_per_prompt=8"]}
 
 
 class NoEOS:
@@ -125,25 +129,16 @@ class StepClock(Callback):
 
 
 def grpo_speed(extra: list[str], steps: int, device: str) -> dict:
-    import train
-
-    cli = train.main(args=["--config", os.path.join(REPO, "configs/grpo/quick.yaml"),
-                           "--model.init_args.init_from=null", f"--trainer.max_steps={steps}",
-                           "--trainer.limit_val_batches=0",
-                           "--trainer.num_sanity_val_steps=0", "--trainer.logger=false",
-                           "--trainer.enable_checkpointing=false", "--trainer.callbacks=[]",
-                           "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
-                           f"--trainer.accelerator={'gpu' if device == 'cuda' else 'cpu'}", *extra], run=False)
+    model, data = from_config("configs/grpo/quick.yaml", "--model.init_args.init_from=null", *extra)
     clock = StepClock()
-    cli.trainer.callbacks.append(clock)
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    quiet_trainer([clock], max_steps=steps, limit_val_batches=0, deterministic=True, log_every_n_steps=1,
+                  accelerator="gpu" if device == "cuda" else "cpu").fit(model, datamodule=data)
     return {"steps": clock.steps, "seconds": clock.seconds, "steps_per_s": clock.steps / clock.seconds,
-            "rollouts_per_step": cli.model.hparams.rollouts_per_prompt * cli.datamodule.hparams.batch_size,
-            "args": extra}
+            "rollouts_per_step": model.hparams.rollouts_per_prompt * data.hparams.batch_size, "args": extra}
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> dict:
+    parser = experiment_parser(__doc__.splitlines()[0], seeds=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--samples", type=int, default=8)
@@ -154,23 +149,36 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--grpo-steps", type=int, default=30)
     parser.add_argument("--skip-no-cache", action="store_true")
-    parser.add_argument("--output", default=os.path.join(REPO, "results", "rlvr_speed.json"))
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.prompts, args.samples, args.new_tokens, args.width, args.layers, args.heads = 2, 2, 4, 32, 1, 2
+        args.repeats, args.grpo_steps = 1, 4
     if args.device == "cpu":
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     start = time.perf_counter()
-    result = {"note": "measured on a shared machine (other jobs running); minimum over repeats",
-              "torch_threads": torch.get_num_threads(), "generation": generation_speed(args)}
-    result["grpo_quick"] = grpo_speed([], args.grpo_steps, args.device)
-    print(f"GRPO quick.yaml: {result['grpo_quick']['steps_per_s']:.2f} steps/s", flush=True)
-    result["grpo_card_step"] = grpo_speed(["--data.init_args.batch_size=32", "--model.init_args.rollouts_per_prompt=8"],
-                                          args.grpo_steps, args.device)
-    print(f"GRPO 32 prompts x 8 rollouts: {result['grpo_card_step']['steps_per_s']:.2f} steps/s", flush=True)
-    result["wall_s"] = time.perf_counter() - start
-    os.makedirs(os.path.dirname(args.output), exist_ok=True)
-    with open(args.output, "w") as f:
-        json.dump(result, f, indent=2)
-    print(json.dumps(result, indent=2))
+    per_seed, details = [], []
+    for _ in progress(range(args.seeds), "measurement rounds"):
+        generation = generation_speed(args)
+        row = {arm: {"tokens_per_s": v["tokens_per_s"], "seconds": v["seconds"]}
+               for arm, v in generation["arms"].items()}
+        grpo = {}
+        for arm, extra in GRPO_ARMS.items():
+            grpo[arm] = grpo_speed(extra, args.grpo_steps, args.device)
+            row[arm] = {"steps_per_s": grpo[arm]["steps_per_s"], "seconds": grpo[arm]["seconds"]}
+            print(f"{arm}: {grpo[arm]['steps_per_s']:.2f} steps/s", flush=True)
+        per_seed.append(row)
+        details.append({"generation": generation, "grpo": grpo})
+    arms = summarise(per_seed)
+    speedup = [r["ours_kv_cache_gpt2"]["tokens_per_s"] / r["transformers_generate_gpt2"]["tokens_per_s"]
+               for r in per_seed]
+    result = write_result("rlvr_speed", seeds=args.seeds, wall_s=time.perf_counter() - start,
+                          config={k: v for k, v in vars(args).items() if k != "out"}, arms=arms, per_seed=per_seed,
+                          out=args.out, note="measured on a shared machine (other jobs running); minimum over repeats",
+                          torch_threads=torch.get_num_threads(), speedup_vs_generate=sum(speedup) / len(speedup),
+                          details=details)
+    for arm, metrics in arms.items():
+        print(f"{arm:45s} " + ", ".join(f"{m} {c['mean']:.3g}" for m, c in metrics.items()))
+    return result
 
 
 if __name__ == "__main__":

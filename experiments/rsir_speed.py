@@ -3,29 +3,29 @@
     python -m experiments.rsir_speed                  # ~1 min on 2 cores, one thread
     python -m experiments.rsir_speed --paper-scale    # d 64, 2 blocks, max_len 50, batch 256 (paper.yaml's sizes)
 
-Measures (SASRec of configs/rsir/quick.yaml: 1 block, d 32, max_len 20, full softmax, batch 64; 1500 users,
-400 items): training samples/s (optimizer steps x batch size, timed from the first to the last batch), full-
-ranking evaluation users/s (all 400 items scored, history masked, NDCG/Recall accumulated), and RSIR generation
-source sequences/s (m = 5 trajectories each, tau = 20, p = 0.5). Writes results/rsir_speed[_paper_scale].json.
-With the quick sizes a training step takes a few milliseconds, so Lightning's fixed per-step cost (hooks,
-logging) is visible; ``--paper-scale`` measures the same at the paper's model and batch sizes.
+Measures (SASRec and data of configs/rsir/quick.yaml through `experiments.kit.from_config`: 1 block, 1 head,
+d 32, max_len 20, dropout 0.2, full softmax, batch 64; 1500 users, 400 items, set-like regime): training
+samples/s (optimizer steps x batch size, timed from the first to the last batch), full-ranking evaluation users/s
+(all 400 items scored, history masked, NDCG/Recall accumulated), and RSIR generation source sequences/s (m = 5
+trajectories each, tau = 20, p = 0.5). Writes ``<out>/rsir_speed[_paper_scale].json`` in the kit's schema: arms =
+what is timed (training / evaluation, Lightning / plain loop; generation), metrics = throughputs; ``--seeds`` =
+independent measurement rounds. With the quick sizes a training step takes a few milliseconds, so Lightning's
+fixed per-step cost (hooks, logging) is visible; ``--paper-scale`` measures the same at the paper's model and
+batch sizes.
 """
 from __future__ import annotations
 
-import argparse
-import functools
-import json
-import os
 import time
 
 import torch
-from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch import Callback
 
 from callbacks.rsir import generate_sequences
-from datamodules.sequences import SequentialRecDataModule
+from experiments.kit import experiment_parser, from_config, progress, quiet_trainer, summarise, write_result
 from lightning_modules.ranking_metrics import LeaveOneOutMetrics, leave_one_out_ranks
-from lightning_modules.sequential_rec import SequentialRecommender, full_softmax_loss
+from lightning_modules.sequential_rec import full_softmax_loss
 
+CONFIG = "configs/rsir/quick.yaml"
 STEPS, EVAL_REPEATS = 400, 20
 
 
@@ -42,36 +42,28 @@ QUICK = {"hidden_dim": 32, "num_blocks": 1, "max_len": 20, "batch_size": 64}
 PAPER_SCALE = {"hidden_dim": 64, "num_blocks": 2, "max_len": 50, "batch_size": 256}
 
 
-def model(sizes: dict) -> SequentialRecommender:
-    seed_everything(0, verbose=False)
-    return SequentialRecommender(num_items=400, hidden_dim=sizes["hidden_dim"], num_blocks=sizes["num_blocks"],
-                                 max_len=sizes["max_len"], optimizer=functools.partial(torch.optim.Adam, lr=3e-3))
+def build(sizes: dict, users: int):
+    """(model, data) of the config at these sizes (seed 0)."""
+    return from_config(CONFIG, "--seed_everything=0", f"--model.init_args.hidden_dim={sizes['hidden_dim']}",
+                       f"--model.init_args.num_blocks={sizes['num_blocks']}",
+                       f"--model.init_args.max_len={sizes['max_len']}", f"--data.init_args.max_len={sizes['max_len']}",
+                       f"--data.init_args.batch_size={sizes['batch_size']}",
+                       f"--data.init_args.synthetic_users={users}")
 
 
-def trainer(**kw) -> Trainer:
-    return Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                   enable_progress_bar=False, enable_model_summary=False, **kw)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--paper-scale", action="store_true", help="paper.yaml's model and batch sizes")
-    args = parser.parse_args(argv)
-    sizes = PAPER_SCALE if args.paper_scale else QUICK
+def measure(sizes: dict, steps: int, eval_repeats: int, users: int) -> dict:
     batch = sizes["batch_size"]
-    torch.set_num_threads(1)
-    data = SequentialRecDataModule(synthetic_users=1500, max_len=sizes["max_len"], batch_size=batch, seed=0)
-    out = {"sizes": sizes}
+    lit, data = build(sizes, users)
+    out = {}
     # ---- training
     clock = Clock()
-    lit = model(sizes)
-    trainer(max_steps=STEPS, max_epochs=-1, limit_val_batches=0, callbacks=[clock]).fit(lit, datamodule=data)
-    out["train_samples_per_s_lightning"] = STEPS * batch / clock.seconds
-    plain = model(sizes)
+    quiet_trainer([clock], max_steps=steps, max_epochs=-1, limit_val_batches=0).fit(lit, datamodule=data)
+    out["train_samples_per_s_lightning"] = steps * batch / clock.seconds
+    plain, _ = build(sizes, users)
     opt = torch.optim.Adam(plain.parameters(), lr=3e-3)
     plain.train()
-    steps, start, epoch = 0, time.perf_counter(), 0
-    while steps < STEPS:
+    done, start, epoch = 0, time.perf_counter(), 0
+    while done < steps:
         loader = data.train_dataloader()
         loader.sampler.set_epoch(epoch)
         for inputs, target in loader:
@@ -79,48 +71,77 @@ def main(argv: list[str] | None = None) -> None:
             opt.zero_grad()
             loss.backward()
             opt.step()
-            steps += 1
-            if steps == STEPS:
+            done += 1
+            if done == steps:
                 break
         epoch += 1
-    out["train_samples_per_s_plain"] = STEPS * batch / (time.perf_counter() - start)
+    out["train_samples_per_s_plain"] = steps * batch / (time.perf_counter() - start)
     # ---- full-ranking evaluation
-    users = len(data.valid_target) * EVAL_REPEATS
-    t = trainer()
+    evaluated = len(data.valid_target) * eval_repeats
+    t = quiet_trainer()
     start = time.perf_counter()
-    for _ in range(EVAL_REPEATS):
+    for _ in range(eval_repeats):
         t.validate(lit, datamodule=data, verbose=False)
-    out["eval_users_per_s_lightning"] = users / (time.perf_counter() - start)
+    out["eval_users_per_s_lightning"] = evaluated / (time.perf_counter() - start)
     lit.eval()
     start = time.perf_counter()
     with torch.no_grad():
-        for _ in range(EVAL_REPEATS):
+        for _ in range(eval_repeats):
             metrics = LeaveOneOutMetrics((5, 10, 20))
             for history, target in data.val_dataloader():
                 metrics.update(leave_one_out_ranks(lit.masked_scores(history), target))
             metrics.compute()
-    out["eval_users_per_s_plain"] = users / (time.perf_counter() - start)
+    out["eval_users_per_s_plain"] = evaluated / (time.perf_counter() - start)
     # ---- generation
     start = time.perf_counter()
     new = generate_sequences(lit.score_next, data.training_sequences, m=5, tau=20, p=0.5, min_len=3,
-                             max_len=sizes["max_len"],
-                             generator=torch.Generator().manual_seed(0), num_items=400)
+                             max_len=sizes["max_len"], generator=torch.Generator().manual_seed(0),
+                             num_items=lit.hparams.num_items)
     seconds = time.perf_counter() - start
     out["generation_source_sequences_per_s"] = len(data.training_sequences) / seconds
     out["generation_trajectories_per_s"] = 5 * len(data.training_sequences) / seconds
     out["generated_unique"] = len(new)
     out["train_ratio_lightning_over_plain"] = out["train_samples_per_s_lightning"] / out["train_samples_per_s_plain"]
     out["eval_ratio_lightning_over_plain"] = out["eval_users_per_s_lightning"] / out["eval_users_per_s_plain"]
-    os.makedirs("results", exist_ok=True)
-    with open("results/rsir_speed" + ("_paper_scale" if args.paper_scale else "") + ".json", "w") as f:
-        json.dump(out, f, indent=1)
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = experiment_parser(__doc__.splitlines()[0], seeds=1)
+    parser.add_argument("--paper-scale", action="store_true", help="paper.yaml's model and batch sizes")
+    args = parser.parse_args(argv)
+    sizes = PAPER_SCALE if args.paper_scale else QUICK
+    steps, eval_repeats, users = (8, 1, 100) if args.smoke else (STEPS, EVAL_REPEATS, 1500)
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    per_seed, raw = [], []
+    for _ in progress(range(args.seeds), "measurement rounds"):
+        out = measure(sizes, steps, eval_repeats, users)
+        raw.append(out)
+        per_seed.append({
+            "training (Lightning)": {"samples_per_s": out["train_samples_per_s_lightning"]},
+            "training (plain PyTorch)": {"samples_per_s": out["train_samples_per_s_plain"]},
+            "full-ranking evaluation (Lightning)": {"users_per_s": out["eval_users_per_s_lightning"]},
+            "full-ranking evaluation (plain PyTorch)": {"users_per_s": out["eval_users_per_s_plain"]},
+            "RSIR generation": {"source_sequences_per_s": out["generation_source_sequences_per_s"],
+                                "trajectories_per_s": out["generation_trajectories_per_s"],
+                                "generated_unique": float(out["generated_unique"])},
+        })
+    arms = summarise(per_seed)
+    name = "rsir_speed" + ("_paper_scale" if args.paper_scale else "")
+    result = write_result(name, seeds=args.seeds, wall_s=time.perf_counter() - start,
+                          config={"config_file": CONFIG, "sizes": sizes, "train_steps": steps,
+                                  "eval_repeats": eval_repeats, "users": users, "smoke": args.smoke},
+                          arms=arms, per_seed=per_seed, out=args.out, measurements=raw)
+    mean = {k: sum(r[k] for r in raw) / len(raw) for k in raw[0]}
     print("| measure | Lightning | plain PyTorch | ratio |\n|---|---|---|---|")
-    print(f"| SASRec training samples/s | {out['train_samples_per_s_lightning']:.0f} | "
-          f"{out['train_samples_per_s_plain']:.0f} | {out['train_ratio_lightning_over_plain']:.2f} |")
-    print(f"| full-ranking evaluation users/s | {out['eval_users_per_s_lightning']:.0f} | "
-          f"{out['eval_users_per_s_plain']:.0f} | {out['eval_ratio_lightning_over_plain']:.2f} |")
-    print(f"\nRSIR generation: {out['generation_source_sequences_per_s']:.0f} source sequences/s "
-          f"({out['generation_trajectories_per_s']:.0f} trajectories/s, {len(new)} unique kept)")
+    print(f"| SASRec training samples/s | {mean['train_samples_per_s_lightning']:.0f} | "
+          f"{mean['train_samples_per_s_plain']:.0f} | {mean['train_ratio_lightning_over_plain']:.2f} |")
+    print(f"| full-ranking evaluation users/s | {mean['eval_users_per_s_lightning']:.0f} | "
+          f"{mean['eval_users_per_s_plain']:.0f} | {mean['eval_ratio_lightning_over_plain']:.2f} |")
+    print(f"\nRSIR generation: {mean['generation_source_sequences_per_s']:.0f} source sequences/s "
+          f"({mean['generation_trajectories_per_s']:.0f} trajectories/s, {mean['generated_unique']:.0f} unique kept)")
+    return result
 
 
 if __name__ == "__main__":
