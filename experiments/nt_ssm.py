@@ -1,18 +1,21 @@
-"""Reproduce the NT-SSM claim at small scale: ``python -m experiments.nt_ssm`` (~5-10 min on 2 cores).
+"""Reproduce the NT-SSM claim at small scale: ``python -m experiments.nt_ssm`` (~7 min on 2 cores).
 
 Paper: "Rethinking Contrastive Learning for Graph Collaborative Filtering: Limitations and a Simple Remedy"
 (NT-SSM, arXiv 2605.24015). Claim: the neighbour-type-aware sampled softmax (NT-SSM) beats the sampled
-softmax (SSM) on graph CF backbones. The method card's prototype found that at the paper's fixed tau = 0.2
-most of the gap is a temperature effect (SSM wants a much higher tau on small graphs), so SSM is compared
-here at its own validation-selected temperature too.
+softmax (SSM) on graph CF backbones. The paper compares at one fixed temperature, tau = 0.2; on small graphs SSM
+wants a much higher tau, so most of the gap at tau 0.2 is a temperature effect, and SSM is compared here at its
+own validation-selected temperature too.
 
-Setup (everything through the collection's `GraphCollaborativeFiltering` + `GraphRecDataModule` + a Lightning
-`Trainer` on CPU): the embedded clustered-popularity graph (1000 users, 1500 items, 10 clusters, degrees
-5-24; ~10k train edges, per-user 70/10/20 split), one graph per data seed (the model seed is the same number).
-LightGCN d 32, L 2, Adam 1e-3, batch 512, reg 1e-4, at most 80 epochs, validation every epoch, early
-stopping on val NDCG@20 with patience 5; test metrics are those of the best-validation epoch's weights.
-Full ranking over all items; at test only the train items are masked (the official protocol: validation
-items compete), K = 20.
+Setup: every run starts from ``configs/nt_ssm/quick.yaml`` (``simgcl_quick.yaml`` with ``--backbone simgcl``)
+through `experiments.kit.from_config`, i.e. `GraphCollaborativeFiltering` + `GraphRecDataModule` exactly as
+``python train.py fit --config ...`` builds them: the embedded clustered-popularity graph (1000 users, 1500
+items, 10 clusters, degrees 5-24; ~10k train edges, per-user 70/10/20 split), LightGCN d 32, L 2, Adam 1e-3,
+batch 512, reg 1e-4. The experiment overrides only what it varies: the loss, tau and the four alphas, the data
+seed (one graph per data seed; the model seed is the same number), K = 20 only (``ks``), and for SimGCL the
+contrastive weight. Training (a quiet Lightning `Trainer` on CPU): at most 80 epochs, validation every epoch,
+early stopping on val NDCG@20 with patience 5; test metrics are those of the best-validation epoch's weights
+(`experiments.kit.KeepBest`). Full ranking over all items; at test only the train items are masked (the official
+protocol: validation items compete), K = 20.
 
 Arms (per data seed; "tuned" = chosen on validation NDCG@20 of that seed, test reported at the choice):
 * ``SSM, tau 0.2 (paper)`` and ``SSM, tau tuned`` over tau in {0.2, 0.5, 1, 2, 3} (one-directional, the
@@ -27,111 +30,104 @@ Arms (per data seed; "tuned" = chosen on validation NDCG@20 of that seed, test r
 
 Part 2 (speed): training samples/s and full-ranking evaluation users/s of the same module and data through
 Lightning (`Trainer.fit` / `Trainer.validate`) and through a plain PyTorch loop, official sizes (d 64, L 2,
-batch 2048): the fastest of 9 epochs after a warm-up epoch, and of 19 evaluation passes (the minimum is the
-measure least disturbed by other processes on a shared machine). ``--speed-only`` runs just this part.
+batch 2048, K 10/20/40): the fastest of 9 epochs after a warm-up epoch, and of 19 evaluation passes (the minimum is
+the measure least disturbed by other processes on a shared machine). ``--speed-only`` runs just this part
+(printed, not written); ``--skip-speed`` leaves it out.
 
-Outputs: markdown tables on stdout, ``results/nt_ssm.json`` (``{"paper", "seeds", "wall_s", "arms": {arm:
-{metric: {"mean", "std"}}}, "chosen": {arm: [per-seed tau/alphas/best epoch]}, "speed": ..., "runs": [every run
-per seed]}``) and ``results/nt_ssm.png``.
+SimGCL variant: ``--backbone simgcl --cl-weight W`` runs every arm on SimGCL (``simgcl_quick.yaml``) and writes
+``<out>/nt_ssm_simgcl_cl<W>.json`` / ``.png`` instead of ``nt_ssm.json`` / ``.png``.
+
+Outputs: markdown tables on stdout and the kit's schema in ``<out>/nt_ssm.json`` (``{"paper", "seeds", "wall_s",
+"config", "arms": {arm: {metric: {"mean", "std"}}}, "per_seed": [{"seed", "arms", "chosen": {arm: tau/alphas/best
+epoch}, "runs": [every run]}], "title", "backbone", "speed"}``) and ``<out>/nt_ssm.png``.
 """
 from __future__ import annotations
 
-import argparse
-import copy
-import functools
-import json
 import logging
-import os
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
-from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import EarlyStopping
-from tqdm import tqdm
 
-from datamodules.interaction_graph import GraphRecDataModule
-from lightning_modules.nt_ssm import GraphCollaborativeFiltering
+from experiments.kit import (KeepBest, experiment_parser, from_config, progress, quiet_single_thread, quiet_trainer,
+                             summarise, write_result)
 
-PAPER = ("Rethinking Contrastive Learning for Graph Collaborative Filtering: Limitations and a Simple Remedy "
+PAPER = "nt_ssm"
+TITLE = ("Rethinking Contrastive Learning for Graph Collaborative Filtering: Limitations and a Simple Remedy "
          "(NT-SSM, arXiv 2605.24015)")
+CONFIGS = {"lightgcn": "configs/nt_ssm/quick.yaml", "simgcl": "configs/nt_ssm/simgcl_quick.yaml"}
+MONITOR = "val/ndcg@20"
 TAUS = (0.2, 0.5, 1.0, 2.0, 3.0)
 NT_TAUS = (0.5, 1.0)
 NT_ALPHAS = (0.2, 0.4, 0.6, 0.8)
 PAPER_ALPHAS = (1.2, 0.8, 0.8, 1.0)  # (uu, ii, ui, iu), ml-1m
 ALPHA_KEYS = ("alpha_uu", "alpha_ii", "alpha_ui", "alpha_iu")
 METRICS = ("test/ndcg@20", "test/recall@20", "val/ndcg@20")
+# --smoke: a 120 x 200 graph, one epoch, one-point grids (checks the pipeline in seconds, not the claim)
+SMOKE_DATA = ("--data.init_args.synthetic_users=120", "--data.init_args.synthetic_items=200")
+SMOKE_GRIDS = dict(taus=(0.2,), nt_taus=(0.5,), nt_alphas=(0.4,))
 
 
-class KeepBest(Callback):
-    """Keeps (in memory) the weights of the epoch with the best validation NDCG@20."""
-
-    def __init__(self):
-        self.best, self.state, self.epoch = -1.0, None, -1
-
-    def on_validation_end(self, trainer, pl_module):
-        if trainer.sanity_checking:
-            return
-        value = float(trainer.callback_metrics["val/ndcg@20"])
-        if value > self.best:
-            self.best, self.epoch = value, trainer.current_epoch
-            self.state = copy.deepcopy(pl_module.state_dict())
+def build(seed: int, loss: str, tau: float, alphas=(1.0, 1.0, 1.0, 1.0), backbone: str = "lightgcn",
+          overrides: tuple[str, ...] = ()):
+    """(model, datamodule) from the backbone's quick config with the experiment's overrides."""
+    return from_config(CONFIGS[backbone], f"--seed_everything={seed}", f"--data.init_args.seed={seed}",
+                       f"--model.init_args.loss={loss}", f"--model.init_args.tau={tau}",
+                       *(f"--model.init_args.{key}={value}" for key, value in zip(ALPHA_KEYS, alphas)),
+                       "--model.init_args.ks=[20]", *overrides)
 
 
-def quiet_trainer(**kwargs) -> Trainer:
-    return Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                   enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, **kwargs)
-
-
-def train_run(datamodule: GraphRecDataModule, seed: int, loss: str, tau: float,
-              alphas: tuple[float, float, float, float] = (1.0, 1.0, 1.0, 1.0), max_epochs: int = 80,
-              patience: int = 5, embedding_dim: int = 32, backbone: str = "lightgcn",
-              **model_kwargs) -> dict:
-    """One early-stopped run; returns validation/test metrics at the best-validation epoch. ``backbone="simgcl"``
-    uses SimGCL with its official defaults (cl_weight 0.5, noise_eps 0.1, cl_tau 0.2) unless ``model_kwargs``
-    (further `GraphCollaborativeFiltering` arguments) say otherwise."""
-    seed_everything(seed, verbose=False)
-    model = GraphCollaborativeFiltering(loss=loss, tau=tau, embedding_dim=embedding_dim, num_layers=2, reg=1e-4,
-                                        ks=(20,), backbone=backbone, **dict(zip(ALPHA_KEYS, alphas)), **model_kwargs,
-                                        optimizer=functools.partial(torch.optim.Adam, lr=1e-3))
-    keep = KeepBest()
-    trainer = quiet_trainer(max_epochs=max_epochs, callbacks=[
-        keep, EarlyStopping("val/ndcg@20", mode="max", patience=patience, check_on_train_epoch_end=False)])
+def train_run(seed: int, loss: str, tau: float, alphas: tuple[float, float, float, float] = (1.0, 1.0, 1.0, 1.0),
+              max_epochs: int = 80, patience: int = 5, backbone: str = "lightgcn",
+              overrides: tuple[str, ...] = ()) -> dict:
+    """One early-stopped run on data seed ``seed``; returns validation/test metrics at the best-validation epoch.
+    ``overrides`` are further CLI strings for the config (e.g. ``"--model.init_args.cl_weight=0.05"``)."""
+    model, datamodule = build(seed, loss, tau, alphas, backbone, overrides)
+    keep = KeepBest(MONITOR, mode="max")
+    trainer = quiet_trainer([keep, EarlyStopping(MONITOR, mode="max", patience=patience,
+                                                 check_on_train_epoch_end=False)], max_epochs=max_epochs)
     start = time.perf_counter()
     trainer.fit(model, datamodule=datamodule)
-    model.load_state_dict(keep.state)
+    keep.restore(model)
     test = quiet_trainer().test(model, datamodule=datamodule, verbose=False)[0]
-    return {"loss": loss, "tau": tau, "alphas": list(alphas), "best_epoch": keep.epoch, "val/ndcg@20": keep.best,
+    # validation runs at each epoch end, after that epoch's num_training_batches optimiser steps
+    best_epoch = keep.best_step // trainer.num_training_batches - 1
+    return {"loss": loss, "tau": tau, "alphas": list(alphas), "best_epoch": best_epoch, MONITOR: keep.best_score,
             "test/ndcg@20": test["test/ndcg@20"], "test/recall@20": test["test/recall@20"],
             "wall_s": time.perf_counter() - start}
 
 
-def run_seed(seed: int, progress: tqdm, backbone: str = "lightgcn", **backbone_kwargs) -> dict[str, dict]:
-    """All runs of one data seed; returns {arm: chosen run}."""
-    datamodule = GraphRecDataModule(source="synthetic", batch_size=512, eval_batch_size=256, seed=seed)
+def runs_per_seed(taus=TAUS, nt_taus=NT_TAUS, nt_alphas=NT_ALPHAS) -> int:
+    return 2 * len(taus) + 1 + len(nt_taus) * len(nt_alphas) + 4
+
+
+def run_seed(seed: int, bar, backbone: str = "lightgcn", overrides: tuple[str, ...] = (), taus=TAUS,
+             nt_taus=NT_TAUS, nt_alphas=NT_ALPHAS, **run_kwargs) -> dict:
+    """All runs of one data seed: ``{"seed", "arms": {arm: metrics}, "chosen": {arm: tau/alphas/epoch}, "runs"}``."""
     runs: list[dict] = []
 
     def run(loss, tau, alphas=(1.0, 1.0, 1.0, 1.0)):
-        result = train_run(datamodule, seed, loss, tau, alphas, backbone=backbone, **backbone_kwargs)
+        result = train_run(seed, loss, tau, alphas, backbone=backbone, overrides=overrides, **run_kwargs)
         runs.append(result)
-        progress.update(1)
-        progress.set_postfix(loss=loss, tau=tau, ndcg=f"{result['test/ndcg@20']:.3f}")
+        bar.update(1)
+        bar.set_postfix(loss=loss, tau=tau, ndcg=f"{result['test/ndcg@20']:.3f}")
         return result
 
-    best = lambda rs: max(rs, key=lambda r: r["val/ndcg@20"])  # noqa: E731
-    ssm = [run("ssm", tau) for tau in TAUS]
-    bidir = [run("bidirectional_ssm", tau) for tau in TAUS]
+    best = lambda rs: max(rs, key=lambda r: r[MONITOR])  # noqa: E731
+    ssm = [run("ssm", tau) for tau in taus]
+    bidir = [run("bidirectional_ssm", tau) for tau in taus]
     nt_paper = run("nt_ssm", 0.2, PAPER_ALPHAS)
-    uniform = [run("nt_ssm", tau, (a,) * 4) for tau in NT_TAUS for a in NT_ALPHAS]
+    uniform = [run("nt_ssm", tau, (a,) * 4) for tau in nt_taus for a in nt_alphas]
     start = best(uniform)
     probes = []
     for k in range(4):
         alphas = list(start["alphas"])
         alphas[k] = round(alphas[k] / 2, 3)
         probes.append(run("nt_ssm", start["tau"], tuple(alphas)))
-    arms = {
+    chosen = {
         "SSM, tau 0.2 (paper)": ssm[0],
         "SSM, tau tuned": best(ssm),
         "bidirectional SSM (NT, all alphas 1), tau 0.2": bidir[0],
@@ -140,7 +136,10 @@ def run_seed(seed: int, progress: tqdm, backbone: str = "lightgcn", **backbone_k
         "NT-SSM, uniform alpha + tau tuned": start,
         "NT-SSM, type-specific alphas + tau tuned": best(uniform + probes),
     }
-    return {"arms": arms, "runs": runs}
+    return {"seed": seed, "arms": {arm: {m: r[m] for m in METRICS} for arm, r in chosen.items()},
+            "chosen": {arm: {"tau": r["tau"], "alphas": r["alphas"], "best_epoch": r["best_epoch"]}
+                       for arm, r in chosen.items()},
+            "runs": runs}
 
 
 # ============================================================================================ speed
@@ -161,26 +160,27 @@ class EpochTimer(Callback):
         self.val.append(time.perf_counter() - self._v)
 
 
-def speed(epochs: int = 10, eval_repeats: int = 20) -> dict:
+def speed(epochs: int = 10, eval_repeats: int = 20, data_overrides: tuple[str, ...] = ()) -> dict:
     """Samples/s and users/s, Lightning vs a plain loop over the same module, data and optimiser."""
-    datamodule = GraphRecDataModule(source="synthetic", batch_size=2048, eval_batch_size=256, seed=0)
+    sizes = ("--seed_everything=0", "--data.init_args.seed=0", "--data.init_args.batch_size=2048",
+             "--model.init_args.loss=nt_ssm", "--model.init_args.tau=0.2", "--model.init_args.embedding_dim=64",
+             *(f"--model.init_args.{key}=1.0" for key in ALPHA_KEYS), *data_overrides)
+    _, datamodule = from_config(CONFIGS["lightgcn"], *sizes)
     datamodule.setup("fit")
     n_train, n_eval = len(datamodule.train_set), len(datamodule.test_set)
 
-    def fresh_model():
-        seed_everything(0, verbose=False)
-        model = GraphCollaborativeFiltering(loss="nt_ssm", tau=0.2, embedding_dim=64, num_layers=2, ks=(10, 20, 40),
-                                            num_users=datamodule.num_users, num_items=datamodule.num_items,
-                                            optimizer=functools.partial(torch.optim.Adam, lr=1e-3))
+    def fresh_model():  # built with the data's sizes, so the plain loop needs no Trainer to create the embeddings
+        model, _ = from_config(CONFIGS["lightgcn"], *sizes, f"--model.init_args.num_users={datamodule.num_users}",
+                               f"--model.init_args.num_items={datamodule.num_items}")
         model.set_train_graph(datamodule.train_edge_index())
         return model
 
     # Lightning: fit without validation (train timing), then validate on the test users repeatedly
     timer = EpochTimer()
     model = fresh_model()
-    quiet_trainer(max_epochs=epochs, limit_val_batches=0, callbacks=[timer]).fit(model, datamodule=datamodule)
+    quiet_trainer([timer], max_epochs=epochs, limit_val_batches=0).fit(model, datamodule=datamodule)
     lightning_train = n_train / np.min(timer.train[1:])
-    evaluator = quiet_trainer(callbacks=[timer])
+    evaluator = quiet_trainer([timer])
     timer.val = []
     for _ in range(eval_repeats):
         evaluator.validate(model, dataloaders=datamodule.test_dataloader(), verbose=False)
@@ -223,22 +223,12 @@ def speed(epochs: int = 10, eval_repeats: int = 20) -> dict:
 
 
 # ============================================================================================ report
-def summarise(per_seed: list[dict]) -> tuple[dict, dict]:
-    """({arm: {metric: {"mean", "std"}}}, {arm: [the run chosen on each seed: tau, alphas, best epoch]})."""
-    arms, chosen_runs = {}, {}
-    for arm in per_seed[0]["arms"]:
-        chosen = [s["arms"][arm] for s in per_seed]
-        arms[arm] = {m: {"mean": float(np.mean([c[m] for c in chosen])), "std": float(np.std([c[m] for c in chosen]))}
-                     for m in METRICS}
-        chosen_runs[arm] = [{"tau": c["tau"], "alphas": c["alphas"], "best_epoch": c["best_epoch"]} for c in chosen]
-    return arms, chosen_runs
-
-
-def markdown(arms: dict, speed_result: dict | None, chosen_runs: dict | None = None) -> str:
+def markdown(arms: dict, per_seed: list[dict], speed_result: dict | None) -> str:
     lines = ["| arm | test NDCG@20 | test Recall@20 | val NDCG@20 | chosen (tau; alphas uu/ii/ui/iu) per seed |",
              "|---|---|---|---|---|"] if arms else []
     for arm, m in arms.items():
-        chosen = ", ".join(f"{c['tau']:g}; {'/'.join(f'{a:g}' for a in c['alphas'])}" for c in chosen_runs[arm])
+        chosen = ", ".join(f"{s['chosen'][arm]['tau']:g}; {'/'.join(f'{a:g}' for a in s['chosen'][arm]['alphas'])}"
+                           for s in per_seed)
         lines.append(f"| {arm} | {m['test/ndcg@20']['mean']:.4f} ± {m['test/ndcg@20']['std']:.4f} | "
                      f"{m['test/recall@20']['mean']:.4f} ± {m['test/recall@20']['std']:.4f} | "
                      f"{m['val/ndcg@20']['mean']:.4f} | {chosen} |")
@@ -252,7 +242,7 @@ def markdown(arms: dict, speed_result: dict | None, chosen_runs: dict | None = N
     return "\n".join(lines)
 
 
-def plot(arms: dict, path: Path) -> None:
+def plot(arms: dict, path: Path, backbone: str = "lightgcn") -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -265,54 +255,60 @@ def plot(arms: dict, path: Path) -> None:
     ax.set_yticks(range(len(names)), names, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("test NDCG@20 (best-valid epoch; mean ± std over data seeds)")
-    ax.set_title("NT-SSM vs SSM, LightGCN on the synthetic clustered graph")
+    ax.set_title(f"NT-SSM vs SSM, {'SimGCL' if backbone == 'simgcl' else 'LightGCN'} on the synthetic clustered graph")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=3, help="data seeds 0..n-1")
-    parser.add_argument("--skip-speed", action="store_true")
-    parser.add_argument("--speed-only", action="store_true", help="only the Lightning vs plain-loop timing")
-    parser.add_argument("--out", default="results")
+    parser = experiment_parser(__doc__.splitlines()[0], seeds=3)
+    parser.add_argument("--skip-speed", action="store_true", help="leave out the Lightning vs plain-loop timing")
+    parser.add_argument("--speed-only", action="store_true",
+                        help="only the Lightning vs plain-loop timing (printed, nothing written)")
     parser.add_argument("--backbone", choices=("lightgcn", "simgcl"), default="lightgcn",
-                        help="simgcl: every arm on SimGCL; writes nt_ssm_simgcl_cl<weight>.json/.png")
-    parser.add_argument("--cl-weight", type=float, default=0.5, help="SimGCL's contrastive weight (official 0.5)")
+                        help="simgcl: every arm on SimGCL (simgcl_quick.yaml); writes nt_ssm_simgcl_cl<W>.json/.png")
+    parser.add_argument("--cl-weight", type=float, default=0.5,
+                        help="SimGCL's contrastive weight (official 0.5); only with --backbone simgcl")
     args = parser.parse_args(argv)
-    backbone_kwargs = {"cl_weight": args.cl_weight} if args.backbone == "simgcl" else {}
-    result_name = "nt_ssm" if args.backbone == "lightgcn" else f"nt_ssm_simgcl_cl{args.cl_weight:g}"
-    torch.set_num_threads(1)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    warnings.filterwarnings("ignore")
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "datamodules.interaction_graph"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    quiet_single_thread()
+    logging.getLogger("datamodules.interaction_graph").setLevel(logging.ERROR)
+    data_overrides = SMOKE_DATA if args.smoke else ()
+    speed_sizes = dict(epochs=2, eval_repeats=2, data_overrides=SMOKE_DATA) if args.smoke else {}
     start = time.perf_counter()
     if args.speed_only:
-        print(markdown({}, speed()))
-        return {}
-    runs_per_seed = 2 * len(TAUS) + 1 + len(NT_TAUS) * len(NT_ALPHAS) + 4
-    per_seed = []
-    with tqdm(total=args.seeds * runs_per_seed, desc="nt_ssm runs") as progress:
-        for seed in range(args.seeds):
-            per_seed.append(run_seed(seed, progress, args.backbone, **backbone_kwargs))
-    arms, chosen_runs = summarise(per_seed)
-    speed_result = None if args.skip_speed else speed()
+        speed_result = speed(**speed_sizes)
+        print(markdown({}, [], speed_result))
+        return {"speed": speed_result}
+    simgcl = args.backbone == "simgcl"
+    overrides = (*data_overrides, *((f"--model.init_args.cl_weight={args.cl_weight}",) if simgcl else ()))
+    name = f"nt_ssm_simgcl_cl{args.cl_weight:g}" if simgcl else PAPER
+    grids = SMOKE_GRIDS if args.smoke else {}
+    run_kwargs = dict(max_epochs=1, patience=1) if args.smoke else {}
+    bar = progress(None, desc=f"{name} runs", total=args.seeds * runs_per_seed(**grids))
+    per_seed = [run_seed(seed, bar, args.backbone, overrides, **grids, **run_kwargs) for seed in range(args.seeds)]
+    bar.close()
+    arms = summarise([s["arms"] for s in per_seed])
+    speed_result = None if args.skip_speed else speed(**speed_sizes)
     wall = time.perf_counter() - start
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    result = {"paper": PAPER, "seeds": args.seeds, "wall_s": wall, "arms": arms, "chosen": chosen_runs,
-              "backbone": args.backbone, **({"cl_weight": args.cl_weight} if backbone_kwargs else {}),
-              "speed": speed_result,
+    config = {"config_file": CONFIGS[args.backbone],
+              "varied": "loss, tau, alpha_uu/ii/ui/iu, data seed (= model seed), ks [20]"
+                        + (", cl_weight" if simgcl else ""),
+              "overrides": list(overrides), "max_epochs": run_kwargs.get("max_epochs", 80),
+              "early_stopping": {"monitor": MONITOR, "patience": run_kwargs.get("patience", 5)},
+              "taus": grids.get("taus", TAUS), "nt_taus": grids.get("nt_taus", NT_TAUS),
+              "nt_alphas": grids.get("nt_alphas", NT_ALPHAS), "paper_alphas": PAPER_ALPHAS,
               "protocol": "synthetic clustered graph (1000 users, 1500 items), per-user 70/10/20; LightGCN d 32 L 2, "
                           "Adam 1e-3, batch 512, reg 1e-4, <= 80 epochs, early stop on val NDCG@20 (patience 5); "
                           "test at the best-valid epoch, full ranking, only train items masked at test",
-              "runs": [s["runs"] for s in per_seed]}
-    (out / f"{result_name}.json").write_text(json.dumps(result, indent=1))
-    plot(arms, out / f"{result_name}.png")
-    print(markdown(arms, speed_result, chosen_runs))
-    print(f"\nwall {wall:.0f} s; results in {out / (result_name + '.json')} and {out / (result_name + '.png')}")
+              "smoke": args.smoke}
+    result = write_result(PAPER, seeds=args.seeds, wall_s=wall, config=config, arms=arms, per_seed=per_seed,
+                          out=args.out, name=name, title=TITLE, backbone=args.backbone,
+                          **({"cl_weight": args.cl_weight} if simgcl else {}), speed=speed_result)
+    out = Path(args.out)
+    plot(arms, out / f"{name}.png", args.backbone)
+    print(markdown(arms, per_seed, speed_result))
+    print(f"\nwall {wall:.0f} s; results in {out / (name + '.json')} and {out / (name + '.png')}")
     return result
 
 

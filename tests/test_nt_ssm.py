@@ -437,10 +437,9 @@ def test_reduced_claim_nt_ssm_beats_ssm_at_its_best_temperature():
 
     torch.set_num_threads(1)
     nt, ssm = [], []
-    for seed in (0, 1):
-        dm = GraphRecDataModule(batch_size=512, seed=seed)
-        nt.append(train_run(dm, seed, "nt_ssm", 0.5, (0.5,) * 4)["test/ndcg@20"])
-        runs = [train_run(dm, seed, "ssm", tau) for tau in (0.5, 1.0, 2.0)]
+    for seed in (0, 1):  # train_run builds the model and data from configs/nt_ssm/quick.yaml for this seed
+        nt.append(train_run(seed, "nt_ssm", 0.5, (0.5,) * 4)["test/ndcg@20"])
+        runs = [train_run(seed, "ssm", tau) for tau in (0.5, 1.0, 2.0)]
         ssm.append(max(runs, key=lambda r: r["val/ndcg@20"])["test/ndcg@20"])
     assert np.mean(nt) > np.mean(ssm), (nt, ssm)
 
