@@ -16,8 +16,10 @@ grows by concatenation. Its defaults are this collection's CPU size for the reve
 (n_layer 3, d_model 96, 4 heads, context 24: about 0.35M parameters).
 
 `HFCausalLM` loads ``AutoModelForCausalLM`` from a local folder only (``local_files_only=True``: nothing is ever
-downloaded); the tokenizer is read from the same folder by the datamodule (``tokenizer_path``). Dropout is
-disabled by default (TRL's ``disable_dropout``): with dropout active the PPO ratio of an on-policy update is not 1.
+downloaded); the tokenizer is read from the same folder by the datamodule (``tokenizer_path``). With ``config``
+instead of ``path`` it builds a randomly initialised model of a transformers architecture (training from scratch;
+no file is read; configs/grpo/hf_quick.yaml). Dropout is disabled by default (TRL's ``disable_dropout``): with
+dropout active the PPO ratio of an on-policy update is not 1.
 """
 from __future__ import annotations
 
@@ -146,32 +148,54 @@ class HFCausalLM(nn.Module):
 
     Args:
         path: local folder written by ``save_pretrained`` (nothing is downloaded).
-        dtype: ``float32`` (default), ``bfloat16``, ``float16`` or ``auto`` (the checkpoint's dtype).
+        config: instead of ``path``, a transformers config as a mapping with ``model_type`` (e.g. ``{model_type:
+            gpt2, vocab_size: 15, n_embd: 32, n_layer: 2, n_head: 2, n_positions: 32}``): a randomly initialised
+            model of that architecture (seeded by the global RNG). Exactly one of ``path`` and ``config``.
+        dtype: ``float32`` (default), ``bfloat16``, ``float16`` or ``auto`` (the checkpoint's dtype; with
+            ``config``, the config's own ``dtype`` or float32).
         disable_dropout: set every dropout probability to 0 (on-policy PPO ratio exactly 1).
         gradient_checkpointing: trade compute for memory at scale.
         attn_implementation: e.g. ``sdpa`` or ``flash_attention_2`` (None: transformers' default).
         trust_remote_code: only for folders you trust.
     """
 
-    def __init__(self, path: str, dtype: str = "float32", disable_dropout: bool = True,
+    def __init__(self, path: str | None = None, dtype: str = "float32", disable_dropout: bool = True,
                  gradient_checkpointing: bool = False, attn_implementation: str | None = None,
-                 trust_remote_code: bool = False) -> None:
+                 trust_remote_code: bool = False, config: dict | None = None) -> None:
         super().__init__()
-        if not os.path.isdir(path) or not os.path.isfile(os.path.join(path, "config.json")):
+        if (path is None) == (config is None):
+            raise UserInputError("HFCausalLM needs exactly one of `path` (a local save_pretrained folder) and "
+                                 f"`config` (a transformers config with model_type); got path={path!r}, "
+                                 f"config={config!r}.")
+        if config is not None:
+            if "model_type" not in config:
+                raise UserInputError(f"HFCausalLM config={dict(config)!r} lacks `model_type` (e.g. gpt2, llama).")
+        elif not os.path.isdir(path) or not os.path.isfile(os.path.join(path, "config.json")):
             raise UserInputError(f"HFCausalLM: '{path}' is not a local model folder with a config.json. Save a "
                                  "model there with model.save_pretrained(path) (nothing is downloaded).")
         dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
         if dtype not in dtypes:
             raise UserInputError(f"HFCausalLM: dtype={dtype!r}; choose one of {sorted(dtypes)}.")
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
-        kwargs = {"local_files_only": True, "dtype": dtypes[dtype], "trust_remote_code": trust_remote_code}
+        kwargs = {"dtype": dtypes[dtype], "trust_remote_code": trust_remote_code}
         if attn_implementation is not None:
             kwargs["attn_implementation"] = attn_implementation
-        try:
-            self.model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-        except (OSError, ValueError) as err:
-            raise UserInputError(f"HFCausalLM: could not load a causal LM from '{path}': {err}") from None
+        if config is not None:
+            settings = dict(config)
+            if dtype == "auto":
+                kwargs.pop("dtype")
+            try:
+                architecture = AutoConfig.for_model(settings.pop("model_type"), **settings)
+                self.model = AutoModelForCausalLM.from_config(architecture, **kwargs)
+            except (TypeError, ValueError) as err:
+                raise UserInputError(f"HFCausalLM: could not build a causal LM from config={dict(config)!r}: "
+                                     f"{err}") from None
+        else:
+            try:
+                self.model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **kwargs)
+            except (OSError, ValueError) as err:
+                raise UserInputError(f"HFCausalLM: could not load a causal LM from '{path}': {err}") from None
         if disable_dropout:
             for module in self.model.modules():
                 if isinstance(module, nn.Dropout):

@@ -398,6 +398,29 @@ def test_hf_causal_lm_policy_end_to_end(tmp_path):
         HFCausalLM(str(tmp_path / "missing"))
 
 
+def test_hf_causal_lm_from_a_transformers_config_reads_no_file():
+    from lightning_modules.tiny_gpt import HFCausalLM
+
+    settings = {"model_type": "gpt2", "vocab_size": 15, "n_positions": 16, "n_embd": 8, "n_layer": 1, "n_head": 2}
+    torch.manual_seed(0)
+    policy = HFCausalLM(config=settings)
+    torch.manual_seed(0)
+    again = HFCausalLM(config=settings)
+    assert (policy.vocab_size, policy.context_length) == (15, 16) and type(policy.model).__name__ == "GPT2LMHeadModel"
+    assert all(torch.equal(a, b) for a, b in zip(policy.state_dict().values(), again.state_dict().values()))
+    logits, cache = policy(torch.tensor([[1, 4, 5]]))
+    assert logits.shape == (1, 3, 15) and cache is None
+    assert all(p.dtype == torch.bfloat16 for p in HFCausalLM(config=settings, dtype="bfloat16").parameters())
+    with pytest.raises(UserInputError, match="exactly one"):
+        HFCausalLM()
+    with pytest.raises(UserInputError, match="exactly one"):
+        HFCausalLM("some/folder", config=settings)
+    with pytest.raises(UserInputError, match="model_type"):
+        HFCausalLM(config={"vocab_size": 15})
+    with pytest.raises(UserInputError, match="could not build"):
+        HFCausalLM(config={"model_type": "no-such-architecture"})
+
+
 # --------------------------------------------------------------------------------------------- reduced claim (slow)
 @pytest.mark.slow
 def test_sft_then_grpo_raises_the_training_reward():
