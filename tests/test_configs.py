@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
-import math
 import shlex
 
 import pytest
 import torch
-from lightning.pytorch import Callback
+import yaml
+from lightning.pytorch import Callback, LightningDataModule, LightningModule
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 import train
@@ -33,10 +34,39 @@ def test_there_are_configs():
         assert quick.replace("quick.yaml", "paper.yaml") in PAPER_CONFIGS, f"{quick} has no paper.yaml"
 
 
+def _resolve(class_path: str) -> type:
+    module_name, _, name = class_path.rpartition(".")
+    return getattr(importlib.import_module(module_name), name)
+
+
+def _plain(value):
+    """A config value as plain Python (jsonargparse Namespaces become dicts, tuples lists)."""
+    if hasattr(value, "as_dict"):
+        return value.as_dict()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
 @pytest.mark.parametrize("config", QUICK_CONFIGS)
 def test_parse_and_instantiate(config):
     cli = run_cli("--config", config_path(config), *QUIET, run=False)
-    assert cli.model is not None and cli.datamodule is not None
+    with open(config_path(config)) as f:
+        written = yaml.safe_load(f)
+    assert type(cli.model) is _resolve(written["model"]["class_path"])
+    assert type(cli.datamodule) is _resolve(written["data"]["class_path"])
+    built = [type(c) for c in cli.trainer.callbacks]
+    for callback in written.get("trainer", {}).get("callbacks") or []:
+        assert _resolve(callback["class_path"]) in built, callback["class_path"]
+    # every scalar the config gives the model reaches it (the module saves its init arguments as hparams)
+    for key, value in (written["model"].get("init_args") or {}).items():
+        if isinstance(value, (bool, int, float, str)) and key in cli.model.hparams:
+            assert _plain(cli.model.hparams[key]) == value, key
+    trainer = written.get("trainer", {})
+    if "max_epochs" in trainer:
+        assert cli.trainer.max_epochs == trainer["max_epochs"]
+    if "max_steps" in trainer:
+        assert cli.trainer.max_steps == trainer["max_steps"]
 
 
 @pytest.mark.parametrize("config", QUICK_CONFIGS)
@@ -132,7 +162,14 @@ def test_same_seed_gives_bit_identical_weights(config, prerequisite_args):
 @pytest.mark.parametrize("config", PAPER_CONFIGS)
 def test_paper_config_parses(config):
     cli = run_cli("fit", "--config", config_path(config), cli_class=ParseOnlyCLI)
-    assert cli.config["fit"]["model"]["class_path"]
+    parsed = cli.config["fit"]
+    assert issubclass(_resolve(parsed["model"]["class_path"]), LightningModule)
+    assert issubclass(_resolve(parsed["data"]["class_path"]), LightningDataModule)
+    with open(config_path(config)) as f:
+        written = yaml.safe_load(f)
+    for key, value in (written["model"].get("init_args") or {}).items():  # the file's values, not defaults
+        if isinstance(value, (bool, int, float, str)):
+            assert _plain(parsed["model"]["init_args"][key]) == value, key
 
 
 # --------------------------------------------------------------------------------------------- sweeps
@@ -143,7 +180,6 @@ def _agent_arguments(run_config: dict) -> list[str]:
 
 @pytest.mark.parametrize("sweep_file", SWEEP_FILES)
 def test_sweep_file_is_valid_and_every_sampled_command_parses(sweep_file):
-    import yaml
     import sweeps
 
     with open(config_path(sweep_file)) as f:
@@ -163,21 +199,66 @@ def test_sweep_file_is_valid_and_every_sampled_command_parses(sweep_file):
         assert args[0] == "fit"
         args = [config_path(a) if a.endswith(".yaml") else a for a in args]
         cli = run_cli(*args, cli_class=ParseOnlyCLI)
-        assert cli.config["fit"]["model"]["class_path"], shlex.join(args)
+        for name, entry in suggestion.config.items():  # each sampled value took effect in the parsed config
+            spec, value = sweep["parameters"][name], _value_at(cli.config["fit"], name)
+            assert _same(value, entry["value"]), (name, value, entry["value"], shlex.join(args))
+            if "values" in spec:
+                assert any(_same(value, v) for v in spec["values"]), (name, value, spec["values"])
+            elif "value" in spec:
+                assert _same(value, spec["value"]), (name, value, spec["value"])
+            else:
+                assert float(spec["min"]) <= value <= float(spec["max"]), (name, value, spec)
         suggestion.state = sweeps.RunState.finished
-        metric = sweep["metric"]["name"]
-        suggestion.summary_metrics = {metric: float(len(runs))}
+        suggestion.summary_metrics = {sweep["metric"]["name"]: float(len(runs))}
         runs.append(suggestion)
     assert runs, f"{sweep_file}: the sweep engine proposed no run"
-    assert all(math.isfinite(r.summary_metrics[sweep["metric"]["name"]]) for r in runs)
+
+
+def _same(parsed, proposed) -> bool:
+    """Whether a parsed config value is the sweep's proposal (which reaches the CLI as ``--key=<str(value)>``)."""
+    if isinstance(proposed, str):
+        if proposed == "null":
+            return parsed is None
+        if isinstance(parsed, (bool, list, dict)):
+            return parsed == yaml.safe_load(proposed)
+        if isinstance(parsed, (int, float)):
+            return float(parsed) == pytest.approx(float(proposed))
+        return parsed == proposed
+    if isinstance(parsed, (int, float)) and not isinstance(parsed, bool) and not isinstance(proposed, bool):
+        return float(parsed) == pytest.approx(float(proposed))
+    return parsed == proposed
+
+
+def _value_at(config, dotted: str):
+    """The parsed value at a sweep's dotted key; a list (trainer.callbacks) is entered at its last element, as
+    jsonargparse applies ``--trainer.callbacks.init_args.x`` to the last callback."""
+    node = config
+    for part in dotted.split("."):
+        if isinstance(node, list):
+            node = node[-1]
+        node = node[part]
+    return _plain(node)
 
 
 @pytest.mark.parametrize("group", ["configs/trainer/cpu.yaml", "configs/trainer/gpu.yaml",
                                    "configs/trainer/ddp.yaml", "configs/logger/csv.yaml",
                                    "configs/logger/wandb.yaml"])
 def test_trainer_and_logger_groups_compose_with_every_paper_config(group):
+    with open(config_path(group)) as f:
+        leaves = dict(_leaves(yaml.safe_load(f)))
+    assert leaves
     for config in PAPER_CONFIGS + QUICK_CONFIGS:
         cli = run_cli("fit", "--config", config_path(config), "--config", config_path(group), cli_class=ParseOnlyCLI)
-        trainer = cli.config["fit"]["trainer"]
-        if group.endswith("gpu.yaml"):
-            assert trainer["precision"] == "bf16-mixed" and trainer["strategy"] == "ddp" and trainer["devices"] == -1
+        for key, value in leaves.items():  # the group, composed last, wins over the paper config
+            composed = _value_at(cli.config["fit"], key)
+            if key.endswith("class_path"):  # jsonargparse writes the defining module's path
+                composed, value = _resolve(composed), _resolve(value)
+            assert composed == value, (config, key)
+
+
+def _leaves(tree: dict, prefix: str = ""):
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value

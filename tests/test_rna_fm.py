@@ -4,7 +4,6 @@ averaged overlap heads), CFG, adaLN-Zero, the metrics against scipy / brute forc
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 import pytest
@@ -353,8 +352,21 @@ def test_a_model_trains_on_files_end_to_end(tmp_path):
     trainer = Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                       enable_model_summary=False, num_sanity_val_steps=0)
     trainer.fit(model, datamodule=dm)
+    gathered, captured = model._gathered, {}
+
+    def spy(stage):  # the test-set tensors the metrics are computed from
+        captured[stage] = gathered(stage)
+        return captured[stage]
+
+    model._gathered = spy
     trainer.test(model, datamodule=dm, verbose=False)
-    assert math.isfinite(model.test_metrics["pearson"]) and 0 <= model.test_metrics["coverage"] <= 1
+    point, samples, target = (x.double().numpy() for x in captured["test"])
+    assert samples.shape[1] == 19 and point.shape == target.shape and target.shape[1] == 4
+    np.testing.assert_allclose(point, samples.mean(1), rtol=1e-5, atol=1e-6)  # RNA-FM's point = mean of samples
+    r = [np.corrcoef(point[:, g], target[:, g])[0, 1] for g in range(target.shape[1])]
+    assert model.test_metrics["pearson"] == pytest.approx(float(np.mean(r)), abs=1e-5)
+    inside = (target >= samples.min(1)) & (target <= samples.max(1))  # K = 19 at level 0.9: [x_(1), x_(19)]
+    assert model.test_metrics["coverage"] == pytest.approx(float(inside.mean(0).mean()), abs=1e-9)
 
 
 @pytest.mark.parametrize("case, match", [
@@ -431,7 +443,8 @@ def test_rna_fm_without_pathways_needs_the_flat_ablation(tmp_path):
     with pytest.raises(UserInputError, match="needs pathways"):
         _built_model(data=dm, cond_heads=1)
     model, _ = _built_model(data=dm, cond_heads=1, pathway_tokens=False)
-    assert model.net is not None
+    layouts = [m for m in model.modules() if isinstance(m, RaggedLayout)]
+    assert layouts and all(layout.sizes == [4] for layout in layouts)  # one flat token over the 4 genes
 
 
 def test_regressors_predict_deterministically_and_sample_with_residual_std():

@@ -155,7 +155,8 @@ def test_guided_step_with_zero_strength_is_the_plain_diffusers_ddim_step():
             plain = guided_ddim_step(scheduler, denoiser, x, t, None, eta, torch.Generator().manual_seed(4))
             assert torch.equal(plain, expected)
     t = scheduler.timesteps[10]
-    assert module.grid_index(int(t)) is not None
+    index = module.grid_index(int(t))  # a DDIM timestep on the encode grid maps back to itself
+    assert index is not None and int(module.encode_timesteps[index]) == int(t)
     strong = guided_ddim_step(scheduler, denoiser, x, t, SpectralGuide(module, out["coefficients"], targets,
                                                                          strength=5.0))
     assert not torch.allclose(strong, scheduler.step(denoiser(x, t.expand(8)).detach(), t, x).prev_sample)
