@@ -6,11 +6,14 @@ then classifying ("Enhanced"), which in turn beats classifying the corrupted inp
 corruption level.
 
 Setup (everything through the collection's `CoupledDiffusion` + `CorruptedImageDataModule` + a Lightning
-`Trainer`, CPU): scikit-learn digits (8x8, fixed 80/20 train/test split, 359 test images), pixel replacement at
-the levels given (default p = 0.3 and 0.6), a fixed corruption per test image. Per seed:
+`Trainer`, CPU, built from ``configs/coupled_diffusion/classifier_quick.yaml`` and ``quick.yaml``; the experiment
+overrides the seed, the level, the strategy, the epochs / steps and the settings in ``MODEL_OVERRIDES``, where its
+published protocol differs from the quick config): scikit-learn digits (8x8, fixed 80/20 train/test split,
+359 test images), pixel replacement at the levels given (default p = 0.3 and 0.6), a fixed corruption per test
+image. Per seed:
 
-1. the frozen classifier f: `ImageClassifier` MLP 64-128-10, Adam 1e-3, 30 epochs on clean images, saved as a
-   checkpoint and loaded through ``init_from`` (the config path);
+1. the frozen classifier f: `ImageClassifier` MLP 64-128-10, Adam 1e-3, 30 epochs on clean images
+   (``classifier_quick.yaml``), saved as a checkpoint and loaded through ``init_from`` (``quick.yaml``'s path);
 2. per level, two models trained for the same number of optimiser steps (AdamW, OneCycle max lr 2e-3, batch 128,
    EMA 0.995 with warm-up; T = 50 cosine, v-prediction; MLP denoisers width 128, depth 2):
    ``enhanced`` (x-only conditional DDPM) and ``parallel`` (the coupled training of the official code);
@@ -27,27 +30,24 @@ arm beat classifying the corrupted input (0.794 / 0.427): the "Enhanced > corrup
 reproduce. See results/coupled_diffusion.json.
 
 Metrics: ``acc`` (argmax of the final logits; for Enhanced and corrupted: of f), ``acc_f_enhanced`` (f on the
-enhanced image of that sampler). Outputs: a markdown table on stdout, ``results/coupled_diffusion.json`` and
+enhanced image of that sampler). Outputs: a markdown table on stdout, ``results/coupled_diffusion.json`` (the
+experiments' schema; arms are ``"<arm> (p=<level>)"``, ``per_seed`` one ``{arm: metrics}`` per seed) and
 ``results/coupled_diffusion.png``.
 """
 from __future__ import annotations
 
-import argparse
-import functools
 import json
 import logging
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
-from lightning.pytorch import Trainer, seed_everything
 
 from callbacks.ema import EMAWeights
 from datamodules.corrupted_images import CorruptedImageDataModule
-from lightning_modules.classifier import ImageClassifier
+from experiments import kit
 from lightning_modules.coupled_diffusion import CoupledDiffusion
 from lightning_modules.denoisers import to_model_range
 
@@ -55,49 +55,59 @@ PAPER = ("Joint Enhancement and Classification using Coupled Diffusion Models of
          "(arXiv 2602.15405)")
 ARMS = ("corrupted", "enhanced", "parallel", "alternating", "nested")
 SAMPLERS = {"enhanced": "enhanced", "parallel": "parallel", "alternating": "parallel", "nested": "parallel"}
-MODEL = dict(num_train_timesteps=50, sampling_steps=10, condition_sampling_steps=10, prediction_type="v_prediction",
-             signal_hidden_dim=128, signal_depth=2, logit_hidden_dim=128, logit_depth=2, feature_dim=32,
-             feature_hidden_dim=64, time_dim=32, coupling_iterations=3, alternating_iterations=2, nested_block_size=10,
-             nested_refresh_every=5, nested_refresh_from=10, validate_sampling=False)
+CLASSIFIER_CONFIG = "configs/coupled_diffusion/classifier_quick.yaml"
+COUPLED_CONFIG = "configs/coupled_diffusion/quick.yaml"
+# Where this experiment's protocol differs from quick.yaml (a 3-epoch CLI check): v-prediction, 10 condition
+# sampling steps, the nested refresh schedule, no sampling during validation (validation is off here).
+MODEL_OVERRIDES = dict(prediction_type="v_prediction", condition_sampling_steps=10, alternating_iterations=2,
+                       nested_refresh_every=5, nested_refresh_from=10, validate_sampling=False)
+LR = 2e-3  # AdamW, OneCycle max lr (quick.yaml: constant 1e-3)
+# the model settings the experiment runs with, recorded in the JSON (read back from the built model)
+MODEL_KEYS = ("num_train_timesteps", "sampling_steps", "condition_sampling_steps", "prediction_type",
+              "signal_hidden_dim", "signal_depth", "logit_hidden_dim", "logit_depth", "feature_dim",
+              "feature_hidden_dim", "time_dim", "coupling_iterations", "alternating_iterations", "nested_block_size",
+              "nested_refresh_every", "nested_refresh_from", "validate_sampling")
 
 
-def _quiet_trainer(max_steps: int | None = None, max_epochs: int | None = None, callbacks=()) -> Trainer:
-    return Trainer(accelerator="cpu", devices=1, max_steps=max_steps if max_steps else -1, max_epochs=max_epochs,
-                   logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                   limit_val_batches=0, num_sanity_val_steps=0, callbacks=list(callbacks), deterministic=True)
+def _fit(model, data, callbacks=(), **limits) -> None:
+    kit.quiet_trainer(callbacks, limit_val_batches=0, deterministic=True, **limits).fit(model, datamodule=data)
 
 
 def train_classifier(seed: int, folder: Path, epochs: int) -> str:
-    """Train f on clean digits; returns its checkpoint path (what --model.init_args.init_from takes)."""
-    seed_everything(seed, verbose=False)
-    data = CorruptedImageDataModule(output="classification", batch_size=64, seed=seed)
-    model = ImageClassifier(backbone="mlp", hidden_dim=128)
-    trainer = _quiet_trainer(max_epochs=epochs)
+    """Train f on clean digits (classifier_quick.yaml); returns its checkpoint path (quick.yaml's init_from)."""
+    model, data = kit.from_config(CLASSIFIER_CONFIG, f"--seed_everything={seed}", f"--data.init_args.seed={seed}")
+    trainer = kit.quiet_trainer(max_epochs=epochs, limit_val_batches=0, deterministic=True)
     trainer.fit(model, datamodule=data)
     path = folder / f"classifier_seed{seed}.ckpt"
     trainer.save_checkpoint(path)
     return str(path)
 
 
-def train_coupled(strategy: str, level: float, seed: int, classifier: str, steps: int) -> CoupledDiffusion:
-    seed_everything(seed, verbose=False)
-    data = CorruptedImageDataModule(corruption="pixel_replacement", corruption_level=level, batch_size=128, seed=seed)
-    schedule = functools.partial(torch.optim.lr_scheduler.OneCycleLR, max_lr=2e-3, total_steps=steps,
-                                 pct_start=0.25, anneal_strategy="cos")
+def train_coupled(strategy: str, level: float, seed: int, classifier: str,
+                  steps: int) -> tuple[CoupledDiffusion, CorruptedImageDataModule]:
+    """quick.yaml's CoupledDiffusion with this strategy and level, `steps` optimiser steps, EMA weights swapped in;
+    returns it with its datamodule."""
+    schedule = {"class_path": "torch.optim.lr_scheduler.OneCycleLR",
+                "init_args": {"max_lr": LR, "total_steps": steps, "pct_start": 0.25, "anneal_strategy": "cos"}}
     # init_from_trusted: the checkpoint was written just above by this script (its hparams hold an optimiser class)
-    model = CoupledDiffusion(strategy=strategy, init_from=classifier, init_from_trusted=True, lr_scheduler=schedule,
-                             optimizer=functools.partial(torch.optim.AdamW, lr=2e-3), **MODEL)
+    model, data = kit.from_config(
+        COUPLED_CONFIG, f"--seed_everything={seed}", f"--model.init_args.strategy={strategy}",
+        f"--model.init_args.init_from={classifier}", "--model.init_args.init_from_trusted=true",
+        f"--model.init_args.optimizer.init_args.lr={LR}", f"--model.init_args.lr_scheduler={json.dumps(schedule)}",
+        *(f"--model.init_args.{key}={value if isinstance(value, str) else json.dumps(value)}"
+          for key, value in MODEL_OVERRIDES.items()),
+        f"--data.init_args.corruption_level={level}", f"--data.init_args.seed={seed}")
     ema = EMAWeights(decay=0.995, warmup=True)
-    _quiet_trainer(max_steps=steps, callbacks=[ema]).fit(model, datamodule=data)
+    _fit(model, data, [ema], max_steps=steps)
     with torch.no_grad():  # evaluate with the averaged weights
         for name, p in model.named_parameters():
             if name in ema.averages:
                 p.copy_(ema.averages[name])
-    return model.eval()
+    return model.eval(), data
 
 
-def test_tensors(level: float, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    data = CorruptedImageDataModule(corruption="pixel_replacement", corruption_level=level, seed=seed)
+def test_tensors(data: CorruptedImageDataModule) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The whole corrupted test set of `data` (a fixed corruption per image) in the model range."""
     data.setup()
     clean, corrupted, labels = (torch.stack(items) for items in zip(*[data.test_set[i]
                                                                       for i in range(len(data.test_set))]))
@@ -108,15 +118,19 @@ def _accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
     return (logits.argmax(-1) == labels).float().mean().item()
 
 
-def run(seeds: int, levels: list[float], steps: int, classifier_epochs: int) -> dict:
-    records = []  # one row per (seed, level, arm)
+def run(seeds: int, levels: list[float], steps: int, classifier_epochs: int) -> tuple[list[dict], dict]:
+    """(per_seed: one ``{"<arm> (p=<level>)": metrics}`` per seed, the model settings used)."""
+    per_seed, model_settings = [], {}
     with tempfile.TemporaryDirectory() as folder:
-        for seed in range(seeds):
+        for seed in kit.progress(range(seeds), "seeds"):
+            row = {}
             classifier = train_classifier(seed, Path(folder), classifier_epochs)
             for level in levels:
                 t0 = time.perf_counter()
-                models = {s: train_coupled(s, level, seed, classifier, steps) for s in ("enhanced", "parallel")}
-                clean, corrupted, labels = test_tensors(level, seed)
+                trained = {s: train_coupled(s, level, seed, classifier, steps) for s in ("enhanced", "parallel")}
+                models = {s: model for s, (model, _) in trained.items()}
+                model_settings = {key: models["parallel"].hparams[key] for key in MODEL_KEYS}
+                clean, corrupted, labels = test_tensors(trained["parallel"][1])
                 parallel = models["parallel"]
                 clean_acc = _accuracy(parallel.classify(clean), labels)
                 rows = {"corrupted": {"acc": _accuracy(parallel.classify(corrupted), labels)}}
@@ -124,25 +138,14 @@ def run(seeds: int, levels: list[float], steps: int, classifier_epochs: int) -> 
                     out = models[SAMPLERS[arm]].sample(corrupted, arm, torch.Generator().manual_seed(1000 + seed))
                     rows[arm] = {"acc": _accuracy(out["logits"], labels),
                                  "acc_f_enhanced": _accuracy(out["classifier_logits"], labels)}
-                for arm, metrics in rows.items():
-                    records.append({"seed": seed, "level": level, "arm": arm, "clean_acc": clean_acc, **metrics})
+                for arm in ARMS:
+                    row[f"{arm} (p={level})"] = rows[arm]
+                row[f"clean (p={level})"] = {"acc": clean_acc}
                 print(f"seed {seed} p={level}: clean {clean_acc:.3f} | " + " | ".join(
                     f"{arm} {m['acc']:.3f}" for arm, m in rows.items()) + f"  ({time.perf_counter() - t0:.0f} s)",
                     flush=True)
-    return {"records": records}
-
-
-def summarise(records: list[dict], levels: list[float]) -> dict:
-    arms = {}
-    for level in levels:
-        for arm in ARMS + ("clean",):
-            rows = [r for r in records if r["level"] == level and r["arm"] == (arm if arm != "clean" else "corrupted")]
-            metrics = {"acc": [r["clean_acc"] if arm == "clean" else r["acc"] for r in rows]}
-            if arm in ARMS[1:]:
-                metrics["acc_f_enhanced"] = [r["acc_f_enhanced"] for r in rows]
-            arms[f"{arm} (p={level})"] = {k: {"mean": float(np.mean(v)), "std": float(np.std(v))}
-                                         for k, v in metrics.items()}
-    return arms
+            per_seed.append(row)
+    return per_seed, model_settings
 
 
 def table(arms: dict, levels: list[float]) -> str:
@@ -182,33 +185,29 @@ def plot(arms: dict, levels: list[float], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=3)
+    parser = kit.experiment_parser(__doc__.splitlines()[0], seeds=3)
     parser.add_argument("--levels", type=float, nargs="+", default=[0.3, 0.6])
     parser.add_argument("--steps", type=int, default=1000, help="optimiser steps per diffusion model")
     parser.add_argument("--classifier-epochs", type=int, default=30)
-    parser.add_argument("--out", default="results/coupled_diffusion")
     args = parser.parse_args(argv)
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    logging.getLogger("lightning_modules").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(1)
+    if args.smoke:  # the pipeline in seconds
+        args.levels, args.steps, args.classifier_epochs = args.levels[:1], 5, 1
+    kit.quiet_single_thread()
+    logging.getLogger("lightning_modules").setLevel(logging.ERROR)  # init_from reports
     start = time.perf_counter()
-    result = run(args.seeds, args.levels, args.steps, args.classifier_epochs)
-    arms = summarise(result["records"], args.levels)
+    per_seed, model_settings = run(args.seeds, args.levels, args.steps, args.classifier_epochs)
+    arms = kit.summarise(per_seed)
     wall = time.perf_counter() - start
     print(table(arms, args.levels))
     print(f"wall time {wall:.0f} s")
-    payload = {"paper": PAPER, "seeds": args.seeds, "wall_s": wall, "arms": arms,
-               "setup": {"levels": args.levels, "corruption": "pixel_replacement", "steps": args.steps,
-                         "classifier_epochs": args.classifier_epochs, "model": MODEL,
-                         "samplers": SAMPLERS},
-               "records": result["records"]}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(payload, indent=1))
-    plot(arms, args.levels, out.with_suffix(".png"))
-    return payload
+    config = {"classifier_config": CLASSIFIER_CONFIG, "coupled_config": COUPLED_CONFIG, "levels": args.levels,
+              "corruption": "pixel_replacement", "steps": args.steps, "classifier_epochs": args.classifier_epochs,
+              "lr": LR, "model_overrides": MODEL_OVERRIDES, "model": model_settings, "samplers": SAMPLERS,
+              "smoke": args.smoke}
+    result = kit.write_result(PAPER, seeds=args.seeds, wall_s=wall, config=config, arms=arms, per_seed=per_seed,
+                              out=args.out, name="coupled_diffusion")
+    plot(arms, args.levels, Path(args.out) / "coupled_diffusion.png")
+    return result
 
 
 if __name__ == "__main__":

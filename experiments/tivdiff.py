@@ -1,12 +1,16 @@
 """TIVDiff at small scale (a RECONSTRUCTION; no paper text or code exists): ``python -m experiments.tivdiff``.
 
 Paper: "Towards Trustworthy and Identifiable Virtual Face Generation" (TIVDiff, ICML 2026; no arXiv id). The
-method here is the collection's reconstruction from the method card (see ``lightning_modules/tivdiff.py``); this
-script shows its two mechanisms on the embedded parametric faces, not the paper's face results (none are known).
+method here is the collection's reconstruction from the paper's title and abstract-level description (see
+``lightning_modules/tivdiff.py``, which lists every reconstructed piece); this script shows its two mechanisms on
+the embedded parametric faces, not the paper's face results (none are known).
 
 Per seed (data, keys, weights and sampling noise all change with the seed):
 1. synthetic faces (``--identities`` x ``--images`` at 16x16; 25% of identities held out), stage 1: the identity
-   encoder (CosFace), stage 2: VIP + geometry-conditioned DDPM (EMA of the weights) on the frozen encoder;
+   encoder (CosFace; ``configs/tivdiff/encoder_quick.yaml``), stage 2: VIP + geometry-conditioned DDPM (EMA of the
+   weights) on the frozen encoder (``configs/tivdiff/quick.yaml``); the experiment overrides the data sizes, the
+   number of training identities, the VIP width (64 in both stages: stage 2 starts from stage 1's weights), the
+   lr, the DDIM steps and the watermark bits (its command-line options);
 2. **VIP** on ``--vip-identities`` fresh unseen people (4 images each, a new data seed; each person has user
    key A and a second key B): ``verif_auc`` (same key, same vs different person), ``linkability_auc`` (key A vs
    key B, same vs different person; 0.5 = unlinkable), ``cos_e_v`` (mean cos of a face's original embedding and
@@ -29,24 +33,23 @@ Outputs: a markdown table (mean ± std over seeds), ``results/tivdiff.json`` and
 """
 from __future__ import annotations
 
-import argparse
-import functools
-import json
 import logging
 import os
 import time
-import warnings
 
 import numpy as np
 import torch
-from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch import seed_everything
 from scipy import linalg
 from sklearn.metrics import roc_auc_score
-from tqdm import tqdm
 
 from callbacks.ema import EMAWeights
 from datamodules.synthetic_faces import FaceDataModule, gaussian_blur, key_for_identities, synthetic_faces
+from experiments import kit
 from lightning_modules.tivdiff import MAX_KEY, TIVDiff, bit_accuracy, extract_message, message_bits
+
+ENCODER_CONFIG = "configs/tivdiff/encoder_quick.yaml"   # stage 1: the identity encoder
+GENERATOR_CONFIG = "configs/tivdiff/quick.yaml"         # stage 2: VIP + generator on the frozen encoder
 
 PAPER = "Towards Trustworthy and Identifiable Virtual Face Generation (TIVDiff, ICML 2026; reconstruction)"
 
@@ -76,32 +79,38 @@ def projection_metrics(e: torch.Tensor, v_a: torch.Tensor, v_b: torch.Tensor, la
             "reid_auc": pair_auc(e, v_a, labels, labels, False)}
 
 
-def make_model(args, num_train: int, parts: list[str]) -> TIVDiff:
-    return TIVDiff(num_train_identities=num_train, image_resolution=16, embedding_dim=args.dim,
-                   encoder_channels=16, vip_hidden=64, train_parts=parts, unet_base_channels=args.unet_channels,
-                   num_inference_steps=args.steps, watermark_bits=args.bits,
-                   optimizer=functools.partial(torch.optim.Adam, lr=args.lr))
+def data_overrides(args, seed: int) -> list[str]:
+    return [f"--data.init_args.num_identities={args.identities}", f"--data.init_args.images_per_identity={args.images}",
+            "--data.init_args.heldout_identity_fraction=0.25", "--data.init_args.batch_size=64",
+            f"--data.init_args.seed={seed}"]
+
+
+def make_model(config: str, args, num_train: int, seed: int | bool) -> TIVDiff:
+    """The config's TIVDiff with the experiment's sizes; ``seed`` is the CLI's seed_everything (False: none)."""
+    model, _ = kit.from_config(
+        config, f"--seed_everything={str(seed).lower()}", f"--model.init_args.num_train_identities={num_train}",
+        f"--model.init_args.embedding_dim={args.dim}", "--model.init_args.vip_hidden=64",
+        f"--model.init_args.unet_base_channels={args.unet_channels}",
+        f"--model.init_args.num_inference_steps={args.steps}", f"--model.init_args.watermark_bits={args.bits}",
+        f"--model.init_args.optimizer.init_args.lr={args.lr}")
+    return model
 
 
 def fit(model: TIVDiff, data: FaceDataModule, steps: int, seed: int, callbacks=()) -> None:
     seed_everything(seed, workers=True, verbose=False)
-    trainer = Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-                      num_sanity_val_steps=0, callbacks=list(callbacks))
-    trainer.fit(model, datamodule=data)
+    kit.quiet_trainer(callbacks, max_steps=steps, limit_val_batches=0).fit(model, datamodule=data)
 
 
 @torch.no_grad()
-def run_seed(seed: int, args, progress: tqdm) -> tuple[dict, dict]:
-    seed_everything(seed, verbose=False)  # model initialisation below draws from the global RNG
-    data = FaceDataModule(num_identities=args.identities, images_per_identity=args.images,
-                          heldout_identity_fraction=0.25, batch_size=64, seed=seed)
+def run_seed(seed: int, args) -> tuple[dict, dict]:
+    _, data = kit.from_config(ENCODER_CONFIG, *data_overrides(args, seed))
     data.setup("fit")
-    encoder_stage = make_model(args, data.num_train_identities, ["encoder"])
+    # the model's initialisation draws from the global RNG: seeded with `seed` (the data draws from its own streams)
+    encoder_stage = make_model(ENCODER_CONFIG, args, data.num_train_identities, seed)
     with torch.enable_grad():
         fit(encoder_stage, data, args.encoder_steps, seed)
-    progress.update(1)
-    model = make_model(args, data.num_train_identities, ["vip", "generator"])
+    # no reseeding: every weight is overwritten by stage 1's below, and fit() seeds the training
+    model = make_model(GENERATOR_CONFIG, args, data.num_train_identities, False)
     model.load_state_dict(encoder_stage.state_dict())  # the frozen encoder of stage 1 (init_from in the configs)
     ema = EMAWeights(decay=args.ema, warmup=True)
     with torch.enable_grad():
@@ -110,7 +119,6 @@ def run_seed(seed: int, args, progress: tqdm) -> tuple[dict, dict]:
         if name in ema.averages:
             p.copy_(ema.averages[name])
     model.eval()
-    progress.update(1)
 
     val, test = data.split_tensors("val"), data.split_tensors("test")
     head = torch.nn.functional.normalize(model.identity_head, dim=-1)
@@ -144,7 +152,6 @@ def run_seed(seed: int, args, progress: tqdm) -> tuple[dict, dict]:
     z_plain = torch.randn(z_wm.shape, generator=gen)
     faces_wm = model.generate(v, geometry, z_wm)
     faces_plain = model.generate(v, geometry, z_plain)
-    progress.update(1)
 
     def accuracy(faces, cond, key, msg):
         return bit_accuracy(extract_message(model.invert(faces, cond, geometry), key, args.bits), msg)
@@ -171,7 +178,6 @@ def run_seed(seed: int, args, progress: tqdm) -> tuple[dict, dict]:
         "bit_acc_noise_0.10": float(noisy10.mean()), "bit_acc_blur_0.7px": float(blurred.mean()),
         "bit_acc_unwatermarked": float(unmarked.mean()), "verify_auc": float(roc_auc_score(truth, scores)),
         f"bit_acc_right_key_{args.few_steps}_ddim_steps": float(few_steps.mean())}
-    progress.update(1)
 
     # ---- quality with / without the watermark
     e_real = model.embed(test["image"])
@@ -193,20 +199,11 @@ def run_seed(seed: int, args, progress: tqdm) -> tuple[dict, dict]:
         arms[f"faces of real identities, {name}"] = {
             "id_accuracy": float(((f @ head.T).argmax(-1) == lab_val).float().mean()),
             "frechet": frechet(f, e_val)}
-    progress.update(1)
     samples = {"real": test["image"][rows[:8]], "geometry": geometry[:8], "virtual_key_a": faces_wm[:8],
                "virtual_plain": faces_plain[:8],
                "virtual_key_b": model.generate(model.virtual_identity(e_sub[:8], (keys[:8] * 48271 + 11) % MAX_KEY),
                                                geometry[:8], z_wm[:8])}
     return arms, samples
-
-
-def summarise(per_seed: list[dict]) -> dict:
-    out = {}
-    for arm in per_seed[0]:
-        out[arm] = {m: {"mean": float(np.mean([s[arm][m] for s in per_seed])),
-                        "std": float(np.std([s[arm][m] for s in per_seed]))} for m in per_seed[0][arm]}
-    return out
 
 
 def markdown_table(arms: dict) -> str:
@@ -247,8 +244,7 @@ def plot(arms: dict, samples: dict, path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=3)
+    parser = kit.experiment_parser(__doc__.splitlines()[0], seeds=3)
     parser.add_argument("--identities", type=int, default=60)
     parser.add_argument("--images", type=int, default=12)
     parser.add_argument("--dim", type=int, default=32)
@@ -262,25 +258,23 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--vip-identities", type=int, default=200, help="unseen people for the VIP metrics")
     parser.add_argument("--bits", type=int, default=32)
     parser.add_argument("--faces", type=int, default=128, help="generated faces per seed and arm")
-    parser.add_argument("--out", default="results")
     args = parser.parse_args(argv)
-    for name in ("lightning.pytorch", "lightning_modules", "lightning.fabric"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(1)
+    if args.smoke:  # the pipeline in seconds
+        args.identities, args.images, args.encoder_steps, args.generator_steps = 8, 4, 2, 2
+        args.steps, args.few_steps, args.vip_identities, args.faces = 4, 2, 8, 8  # steps must divide T = 1000
+    kit.quiet_single_thread()
+    logging.getLogger("lightning_modules").setLevel(logging.ERROR)
     start = time.time()
     per_seed, samples = [], None
-    with tqdm(total=5 * args.seeds, desc="tivdiff") as progress:
-        for seed in range(args.seeds):
-            arms, seed_samples = run_seed(seed, args, progress)
-            per_seed.append(arms)
-            samples = samples or seed_samples
-    arms = summarise(per_seed)
-    result = {"paper": PAPER, "seeds": args.seeds, "wall_s": time.time() - start, "arms": arms,
-              "config": vars(args), "per_seed": per_seed}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "tivdiff.json"), "w") as f:
-        json.dump(result, f, indent=2)
+    for seed in kit.progress(range(args.seeds), "seeds"):
+        arms, seed_samples = run_seed(seed, args)
+        per_seed.append(arms)
+        samples = samples or seed_samples
+    arms = kit.summarise(per_seed)
+    config = {key: value for key, value in vars(args).items() if key not in ("seeds", "out")}
+    config.update(encoder_config=ENCODER_CONFIG, generator_config=GENERATOR_CONFIG)
+    result = kit.write_result(PAPER, seeds=args.seeds, wall_s=time.time() - start, config=config, arms=arms,
+                              per_seed=per_seed, out=args.out, name="tivdiff")
     plot(arms, samples, os.path.join(args.out, "tivdiff.png"))
     print(markdown_table(arms))
     print(f"\nwall {result['wall_s']:.0f} s ({args.seeds} seeds)")
