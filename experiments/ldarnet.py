@@ -4,16 +4,20 @@ Paper: "LDARNet: DNA Adaptive Representation Network with Learnable Tokenization
 (arXiv 2606.04552). Claim: learned (dynamic) chunking beats a FLOPs-matched fixed grid of boundaries after MLM
 pretraining (up to +14 MCC points on histone tasks); the router's compression approaches 1/N.
 
-Setup (the method card's CPU experiment, shortened to fit ~8 min on a shared 2-core machine): embedded synthetic
-DNA (`datamodules.genomics`): a 300 kb uniform-random genome with TATAAA / CCAAT / GGGCGG planted once per ~48 bp for
-MLM pretraining, and the motif-pair task (label = TATAAA and CCAAT both present; 0-3 motifs at random offsets,
-so a fixed grid splits motifs at varying phases) for fine-tuning. Tiny LDARNet: d 32/64, encoder m1t1 (local
-window 64), backbone M2 (SwiGLU 128), decoder m1, Mamba-2 d_state 16, headdim 32, N = 4, ratio weight 0.03.
-Per seed and arm: MLM pretraining (AdamW 3e-3, batch 32, seq 128, RC augmentation), then full fine-tuning from
-those weights (AdamW 1e-3, batch 32, mean pooling -> linear), test MCC/accuracy of the final weights.
+Setup (a CPU-sized version of the paper's pretrain -> fine-tune protocol, ~7 min on a shared 2-core machine):
+embedded synthetic DNA (`datamodules.genomics`): a 300 kb uniform-random genome with TATAAA / CCAAT / GGGCGG
+planted once per ~48 bp for MLM pretraining, and the motif-pair task (label = TATAAA and CCAAT both present; 0-3
+motifs at random offsets, so a fixed grid splits motifs at varying phases) for fine-tuning. Both stages start
+from the paper's quick configs through `experiments.kit.from_config`: ``configs/ldarnet/pretrain_quick.yaml``
+(tiny LDARNet: d 32/64, encoder m1t1 (local window 64), backbone M2 (SwiGLU 128), decoder m1, Mamba-2 d_state 16,
+headdim 32, N = 4, ratio weight 0.03; MLM with RC augmentation, AdamW 3e-3) and ``configs/ldarnet/quick.yaml``
+(the same network, mean pooling -> linear, AdamW 1e-3). The experiment overrides only what it varies: the
+boundaries (the arm), the seed, the data sizes (genome 300 kb, 2000/500 motif-task sequences, batch 32, evaluation
+batch 128) and ``init_from`` (the classifier is loaded from the pretrained weights in memory, matched by name and
+shape, instead of from a checkpoint file). Per seed and arm: MLM pretraining (120 steps, seq 128), then full
+fine-tuning from those weights (120 steps), test MCC/accuracy of the final weights.
 Arms: ``learned`` (bidirectional router) and ``fixed`` (boundaries every 4 bases: the same compressed length as
-the learned router's target, same network otherwise). All through `LDARNetPretraining` / `LDARNetClassifier` and a
-Lightning `Trainer` on CPU.
+the learned router's target, same network otherwise).
 
 Measured per run: test MCC and accuracy, MLM accuracy on held-out windows after pretraining, realised compression
 F = mean(b) on the test sequences (target 1/N = 0.25), and boundary enrichment at motif edges: P(boundary | within
@@ -22,46 +26,47 @@ both measured with the router after MLM pretraining and after fine-tuning. Note 
 edge windows cover almost the whole motif, so this is close to a "boundaries in motifs" enrichment; the PNG's
 profile (boundary rate by offset from motif starts) shows where exactly the boundaries sit.
 
-Speed part (``--speed-only`` runs just this): the pure-PyTorch chunked SSD scan vs the straightforward sequential
-scan on the same inputs (outputs compared), forward and forward+backward, and the tokens/s of a forward+backward
-of the paper's 2.01M "micro" LDARNet (m3t1/[M6]/m3, d 64/128, d_state 128, chunk 256; SwiGLU 384, which gives the
-card's 2.01M). Minimum over repeats (the machine is shared). Written to ``results/ldarnet_speed.json``.
+Speed part (the ``speed`` key of the JSON; ``--speed-only`` prints just this, ``--no-speed`` leaves it out): the
+pure-PyTorch chunked SSD scan vs the straightforward sequential scan on the same inputs (outputs compared),
+forward and forward+backward, and the tokens/s of a forward+backward of the paper's 2.01M "micro" LDARNet
+(m3t1/[M6]/m3, d 64/128, d_state 128, chunk 256; SwiGLU 384, which gives the paper's 2.01M). Minimum over repeats
+(the machine is shared).
 
-Outputs: a markdown table on stdout, ``results/ldarnet.json`` (``{"paper", "seeds", "wall_s", "arms": {arm:
-{metric: {"mean", "std"}}}, "runs": [...], "boundary_profile": ...}``) and ``results/ldarnet.png``.
+Outputs: markdown tables on stdout and the kit's schema in ``<out>/ldarnet.json`` (``{"paper", "seeds", "wall_s",
+"config", "arms": {arm: {metric: {"mean", "std"}}}, "per_seed": [{"seed", "runs": {arm: every measured value,
+profiles included}}], "title", "speed"}``) and ``<out>/ldarnet.png``.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import time
-from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
-from lightning.pytorch import Trainer, seed_everything
 
-from datamodules.genomics import DNAClassificationDataModule, DNAPretrainDataModule, motif_edge_mask, motif_hits
-from experiments import quiet_single_thread
+from datamodules.genomics import motif_edge_mask, motif_hits
+from experiments.kit import (experiment_parser, from_config, markdown_table, progress, quiet_single_thread,
+                             quiet_trainer, summarise, write_result)
 from lightning_modules.base import load_matching_weights
 from lightning_modules.bimamba2 import ssd_chunked, ssd_sequential
-from lightning_modules.ldarnet import LDARNetClassifier, LDARNetPretraining
+from lightning_modules.ldarnet import LDARNetPretraining
 
-PAPER = ("LDARNet: DNA Adaptive Representation Network with Learnable Tokenization for Genomic Modeling "
+PAPER = "ldarnet"
+TITLE = ("LDARNet: DNA Adaptive Representation Network with Learnable Tokenization for Genomic Modeling "
          "(arXiv 2606.04552)")
-NET = dict(arch_layout=["m1t1", ["M2"], "m1"], d_model=[32, 64], d_intermediate=[0, 128], d_state=16, headdim=32,
-           ssd_chunk_size=32, attn_heads=2, attn_window=64, rotary_dim=8, target_compression=4,
-           ratio_loss_weight=0.03, outer_lr_multiplier=1.0)
+PRETRAIN_CONFIG = "configs/ldarnet/pretrain_quick.yaml"
+FINETUNE_CONFIG = "configs/ldarnet/quick.yaml"
+ARMS = ("learned", "fixed")
 MICRO = dict(arch_layout=["m3t1", ["M6"], "m3"], d_model=[64, 128], d_intermediate=[0, 384], d_state=128,
              headdim=64, ssd_chunk_size=256, attn_heads=2, attn_window=1023, rotary_dim=32)
 PROFILE_OFFSETS = list(range(-6, 13))  # boundary rate relative to a motif start
-
-
-def _trainer(steps: int, **kw) -> Trainer:
-    return Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
-                   enable_progress_bar=False, enable_model_summary=False, deterministic=True,
-                   num_sanity_val_steps=0, **kw)
+METRICS = ("mcc", "accuracy", "mlm_accuracy", "pretrain_compression", "mlm_compression", "mlm_enrichment",
+           "mlm_edge_rate", "mlm_background_rate", "compression", "enrichment", "edge_rate", "background_rate",
+           "pretrain_ratio_loss")
+SIZES = dict(pretrain_steps=120, finetune_steps=120, train_size=2000, test_size=500, seq_len=128, batch_size=32,
+             genome_length=300_000)
+SMOKE_SIZES = dict(pretrain_steps=3, finetune_steps=3, train_size=64, test_size=32, seq_len=128, batch_size=16,
+                   genome_length=20_000)
 
 
 def boundary_stats(net: torch.nn.Module, tokens: np.ndarray) -> dict:
@@ -89,28 +94,29 @@ def boundary_stats(net: torch.nn.Module, tokens: np.ndarray) -> dict:
 
 
 def run_arm(boundaries: str, seed: int, pretrain_steps: int = 120, finetune_steps: int = 120,
-            train_size: int = 2000, test_size: int = 500, seq_len: int = 128, batch_size: int = 32) -> dict:
+            train_size: int = 2000, test_size: int = 500, seq_len: int = 128, batch_size: int = 32,
+            genome_length: int = 300_000) -> dict:
     """MLM pretraining then fine-tuning of one arm for one seed; returns its metrics."""
     start = time.time()
-    seed_everything(seed, verbose=False)
-    pre = LDARNetPretraining(**NET, boundaries=boundaries,
-                             optimizer=partial(torch.optim.AdamW, lr=3e-3, betas=(0.9, 0.95), weight_decay=0.01))
-    pre_data = DNAPretrainDataModule(seq_len=seq_len, genome_length=300_000, batch_size=batch_size,
-                                     eval_batch_size=128, seed=seed)
-    trainer = _trainer(pretrain_steps, limit_val_batches=4, val_check_interval=pretrain_steps,
-                       check_val_every_n_epoch=None)
+    arm = (f"--model.init_args.boundaries={boundaries}", f"--data.init_args.batch_size={batch_size}",
+           "--data.init_args.eval_batch_size=128", f"--data.init_args.seed={seed}")
+    pretrain_data = (f"--data.init_args.seq_len={seq_len}", f"--data.init_args.genome_length={genome_length}")
+    pre, pre_data = from_config(PRETRAIN_CONFIG, f"--seed_everything={seed}", *arm, *pretrain_data)
+    trainer = quiet_trainer(max_steps=pretrain_steps, deterministic=True, limit_val_batches=4,
+                            val_check_interval=pretrain_steps, check_val_every_n_epoch=None)
     trainer.fit(pre, datamodule=pre_data)
     mlm = trainer.callback_metrics
     mlm_acc, ratio = float(mlm["val/mlm_accuracy"]), float(mlm["val/ratio_loss"])
     pre_compression = float(mlm["val/compression"])
-    data = DNAClassificationDataModule(synthetic_train=train_size, synthetic_test=test_size, synthetic_length=seq_len,
-                                       batch_size=batch_size, eval_batch_size=128, seed=seed)
+    # no re-seeding: the classifier's initialisation continues the seeded stream after pretraining
+    clf, data = from_config(FINETUNE_CONFIG, "--seed_everything=false", "--model.init_args.init_from=null", *arm,
+                            f"--data.init_args.synthetic_train={train_size}",
+                            f"--data.init_args.synthetic_test={test_size}",
+                            f"--data.init_args.synthetic_length={seq_len}")
     data.setup("fit")
     after_mlm = {f"mlm_{k}": v for k, v in boundary_stats(pre.net, data.test_tokens).items()}
-    clf = LDARNetClassifier(**NET, boundaries=boundaries,
-                            optimizer=partial(torch.optim.AdamW, lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1))
     load_matching_weights(clf, pre.state_dict(), source="pretraining")
-    trainer = _trainer(finetune_steps, limit_val_batches=0)
+    trainer = quiet_trainer(max_steps=finetune_steps, deterministic=True, limit_val_batches=0)
     trainer.fit(clf, datamodule=data)
     test = trainer.test(clf, datamodule=data, verbose=False)[0]
     stats = boundary_stats(clf.net, data.test_tokens)
@@ -129,9 +135,9 @@ def _best_time(fn, repeats: int) -> float:
     return min(times)
 
 
-def speed(repeats: int = 3) -> dict:
+def speed(repeats: int = 3, length: int = 1024, micro_length: int = 1024) -> dict:
     torch.manual_seed(0)
-    batch, length, heads, headdim, d_state = 2, 1024, 2, 64, 128  # the micro config's Mamba-2 at d 64
+    batch, heads, headdim, d_state = 2, 2, 64, 128  # the micro config's Mamba-2 at d 64
     x = torch.randn(batch, length, heads, headdim)
     a = -torch.rand(batch, length, heads) * 0.1
     b, c = torch.randn(batch, length, heads, d_state), torch.randn(batch, length, heads, d_state)
@@ -152,7 +158,7 @@ def speed(repeats: int = 3) -> dict:
                      "forward_backward_tokens_per_s": batch * length / both}
     model = LDARNetPretraining(**MICRO)
     params = sum(p.numel() for p in model.parameters())
-    tokens = torch.randint(0, 4, (4, 1024))
+    tokens = torch.randint(0, 4, (4, micro_length))
     valid = torch.ones_like(tokens, dtype=torch.bool)
 
     def micro_step():
@@ -161,21 +167,27 @@ def speed(repeats: int = 3) -> dict:
 
     micro_step()
     step = _best_time(micro_step, repeats)
-    out["micro_ldarnet"] = {"params": params, "batch": 4, "length": 1024, "forward_backward_s": step,
-                            "tokens_per_s": 4 * 1024 / step}
+    out["micro_ldarnet"] = {"params": params, "batch": 4, "length": micro_length, "forward_backward_s": step,
+                            "tokens_per_s": 4 * micro_length / step}
     return out
 
 
-def _summary(runs: list[dict], keys: list[str]) -> dict:
-    arms = {}
-    for arm in sorted({r["arm"] for r in runs}, key=["learned", "fixed"].index):
-        rows = [r for r in runs if r["arm"] == arm]
-        arms[arm] = {k: {"mean": float(np.mean([r[k] for r in rows])), "std": float(np.std([r[k] for r in rows]))}
-                     for k in keys}
-    return arms
+# ============================================================================================ report
+def speed_markdown(result: dict) -> str:
+    lines = ["## Speed (shared 2-core machine, min over repeats, 1 thread)", "",
+             "| scan | forward s | fwd+bwd s | fwd+bwd tokens/s | max rel err vs fp64 sequential |",
+             "|---|---|---|---|---|"]
+    for name in ("sequential", "chunked_64", "chunked_256"):
+        r = result[name]
+        lines.append(f"| {name} | {r['forward_s']:.3f} | {r['forward_backward_s']:.3f} | "
+                     f"{r['forward_backward_tokens_per_s']:.0f} | {r['max_rel_err_vs_fp64_sequential']:.1e} |")
+    m = result["micro_ldarnet"]
+    lines += ["", f"micro LDARNet ({m['params'] / 1e6:.2f}M params), batch {m['batch']} x {m['length']}, fwd+bwd: "
+              f"{m['forward_backward_s']:.2f} s = {m['tokens_per_s']:.0f} tokens/s"]
+    return "\n".join(lines)
 
 
-def _plot(runs: list[dict], arms: dict, path: Path) -> None:
+def plot(runs: list[dict], arms: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -205,65 +217,55 @@ def _plot(runs: list[dict], arms: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--pretrain-steps", type=int, default=120)
-    parser.add_argument("--finetune-steps", type=int, default=120)
-    parser.add_argument("--train-size", type=int, default=2000)
-    parser.add_argument("--test-size", type=int, default=500)
-    parser.add_argument("--speed-only", action="store_true")
-    parser.add_argument("--no-speed", action="store_true")
-    parser.add_argument("--out", default="results")
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> dict:
+    parser = experiment_parser(__doc__.splitlines()[0], seeds=3)
+    parser.add_argument("--pretrain-steps", type=int, default=SIZES["pretrain_steps"])
+    parser.add_argument("--finetune-steps", type=int, default=SIZES["finetune_steps"])
+    parser.add_argument("--train-size", type=int, default=SIZES["train_size"])
+    parser.add_argument("--test-size", type=int, default=SIZES["test_size"])
+    parser.add_argument("--speed-only", action="store_true", help="only the scan / micro-model timing (printed)")
+    parser.add_argument("--no-speed", action="store_true", help="leave out the timing part")
+    args = parser.parse_args(argv)
     quiet_single_thread()
-    out = Path(args.out)
-    out.mkdir(exist_ok=True)
     start = time.time()
-    if not args.no_speed:
-        result = speed()
-        (out / "ldarnet_speed.json").write_text(json.dumps(result, indent=2))
-        print("## Speed (shared 2-core machine, min over repeats, 1 thread)\n")
-        print("| scan | forward s | fwd+bwd s | fwd+bwd tokens/s | max rel err vs fp64 sequential |")
-        print("|---|---|---|---|---|")
-        for name in ("sequential", "chunked_64", "chunked_256"):
-            r = result[name]
-            print(f"| {name} | {r['forward_s']:.3f} | {r['forward_backward_s']:.3f} | "
-                  f"{r['forward_backward_tokens_per_s']:.0f} | {r['max_rel_err_vs_fp64_sequential']:.1e} |")
-        m = result["micro_ldarnet"]
-        print(f"\nmicro LDARNet ({m['params'] / 1e6:.2f}M params), batch 4 x 1024, fwd+bwd: "
-              f"{m['forward_backward_s']:.2f} s = {m['tokens_per_s']:.0f} tokens/s\n")
+    speed_sizes = dict(repeats=1, length=64, micro_length=64) if args.smoke else {}
     if args.speed_only:
-        return
-    runs = []
+        speed_result = speed(**speed_sizes)
+        print(speed_markdown(speed_result))
+        return {"speed": speed_result}
+    sizes = dict(SMOKE_SIZES) if args.smoke else dict(SIZES, pretrain_steps=args.pretrain_steps,
+                                                      finetune_steps=args.finetune_steps,
+                                                      train_size=args.train_size, test_size=args.test_size)
+    per_seed = []
+    bar = progress(None, desc="ldarnet seeds x arms", total=args.seeds * len(ARMS))
     for seed in range(args.seeds):
-        for arm in ("learned", "fixed"):
-            runs.append(run_arm(arm, seed, args.pretrain_steps, args.finetune_steps, args.train_size, args.test_size))
-            r = runs[-1]
-            print(f"seed {seed} {arm:7s}: MCC {r['mcc']:.3f} acc {r['accuracy']:.3f} MLM acc {r['mlm_accuracy']:.3f} "
-                  f"F {r['mlm_compression']:.3f} -> {r['compression']:.3f} "
-                  f"enrichment {r['mlm_enrichment']:.2f} -> {r['enrichment']:.2f} ({r['wall_s']:.0f} s)",
-                  flush=True)
-    keys = ["mcc", "accuracy", "mlm_accuracy", "pretrain_compression", "mlm_compression", "mlm_enrichment",
-            "mlm_edge_rate", "mlm_background_rate", "compression", "enrichment", "edge_rate", "background_rate",
-            "pretrain_ratio_loss"]
-    arms = _summary(runs, keys)
+        runs = {}
+        for arm in ARMS:
+            r = runs[arm] = run_arm(arm, seed, **sizes)
+            bar.update(1)
+            bar.write(f"seed {seed} {arm:7s}: MCC {r['mcc']:.3f} acc {r['accuracy']:.3f} MLM acc "
+                      f"{r['mlm_accuracy']:.3f} F {r['mlm_compression']:.3f} -> {r['compression']:.3f} "
+                      f"enrichment {r['mlm_enrichment']:.2f} -> {r['enrichment']:.2f} ({r['wall_s']:.0f} s)")
+        per_seed.append({"seed": seed, "runs": runs})
+    bar.close()
+    arms = summarise([{arm: {k: r[k] for k in METRICS} for arm, r in s["runs"].items()} for s in per_seed])
+    speed_result = None if args.no_speed else speed(**speed_sizes)
     wall = time.time() - start
-    print(f"\n## LDARNet: learned vs fixed boundaries ({args.seeds} seeds, {args.pretrain_steps} MLM + "
-          f"{args.finetune_steps} fine-tuning steps, wall {wall:.0f} s)\n")
-    print("| arm | test MCC | test acc | MLM acc | F after MLM | edge enrichment after MLM | F after fine-tuning | "
-          "edge enrichment after fine-tuning | ratio loss (MLM) |\n|---|---|---|---|---|---|---|---|---|")
-    for arm, m in arms.items():
-        cells = " | ".join(f"{m[k]['mean']:.3f} ± {m[k]['std']:.3f}" for k in
-                           ("mcc", "accuracy", "mlm_accuracy", "mlm_compression", "mlm_enrichment", "compression",
-                            "enrichment", "pretrain_ratio_loss"))
-        print(f"| {arm} | {cells} |")
-    result = {"paper": PAPER, "seeds": args.seeds, "wall_s": wall, "arms": arms, "runs": runs,
-              "settings": {"net": NET, "pretrain_steps": args.pretrain_steps, "finetune_steps": args.finetune_steps,
-                           "train_size": args.train_size, "test_size": args.test_size, "seq_len": 128,
-                           "profile_offsets": PROFILE_OFFSETS}}
-    (out / "ldarnet.json").write_text(json.dumps(result, indent=2))
-    _plot(runs, arms, out / "ldarnet.png")
+    config = {"pretrain_config": PRETRAIN_CONFIG, "finetune_config": FINETUNE_CONFIG,
+              "varied": "boundaries (the arm), seed, data sizes, init_from (in-memory pretrained weights)",
+              **sizes, "eval_batch_size": 128, "profile_offsets": PROFILE_OFFSETS, "smoke": args.smoke}
+    result = write_result(PAPER, seeds=args.seeds, wall_s=wall, config=config, arms=arms, per_seed=per_seed,
+                          out=args.out, title=TITLE, speed=speed_result)
+    out = Path(args.out)
+    plot([r for s in per_seed for r in s["runs"].values()], arms, out / f"{PAPER}.png")
+    if speed_result:
+        print(speed_markdown(speed_result) + "\n")
+    print(f"## LDARNet: learned vs fixed boundaries ({args.seeds} seeds, {sizes['pretrain_steps']} MLM + "
+          f"{sizes['finetune_steps']} fine-tuning steps, wall {wall:.0f} s)\n")
+    print(markdown_table(arms, ("mcc", "accuracy", "mlm_accuracy", "mlm_compression", "mlm_enrichment",
+                                "compression", "enrichment", "pretrain_ratio_loss")))
+    print(f"\nresults in {out / (PAPER + '.json')} and {out / (PAPER + '.png')}")
+    return result
 
 
 if __name__ == "__main__":
