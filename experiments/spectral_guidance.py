@@ -4,7 +4,9 @@ Paper: "Spectral Guidance for Flexible and Efficient Control of Diffusion Models
 the two-view objective recovers the spectrum of the noising operator (S1), and guidance from the learned spectral
 basis is at least as accurate as a DPS-style method that backpropagates through the denoiser, with no denoiser
 backprops and less time (S2). Both adapted from the official notebooks; everything runs through the collection's
-`SpectralGuidanceEncoder` / `DiffusionDenoiser` + `DiffusionToyDataModule` and a Lightning `Trainer` on CPU.
+`SpectralGuidanceEncoder` / `DiffusionDenoiser` + `DiffusionToyDataModule` and a Lightning `Trainer` on CPU, built
+from ``configs/spectral_guidance/quick.yaml`` (encoder) and ``denoiser_quick.yaml`` (prior); the experiment
+overrides the distribution, sizes, K, networks and learning rates where its protocol below differs.
 
 S1 (spectrum recovery; per seed): x0 ~ N(0, Q diag(L) Q^T), 16-D, L = (12, 9, 7, 2.5 * 0.8^k) (L_1 < 2 L_3 so
 that the top-3 eigenfunctions are linear at every t, see datamodules/toy_distributions.py), Q from the seed.
@@ -34,29 +36,27 @@ different classifier (an RBF SVC on the training digits), with the mean distance
 denoiser (a UNet) is costlier than the encoder (an MLP), which is where the wall-time advantage can show; in S2 both
 networks are MLPs of similar size.
 
-Outputs: markdown tables, results/spectral_guidance.json ({"paper", "seeds", "wall_s", "arms": {arm: {metric: {mean,
-std}}}, "s1": per-t curves, "s2": all strengths, "digits": ...}), results/spectral_guidance.png and the digit grid.
+Outputs: markdown tables, results/spectral_guidance.json (the experiments' schema; ``per_seed`` holds the S1 and S2
+values of each seed, plus "s1": per-t curves, "s2": all strengths, "digits": ...), results/spectral_guidance.png
+and the digit grid.
 Wall times are measured on a shared machine (noisy): minimum of REPEATS timing runs.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from lightning.pytorch import Trainer, seed_everything
 
 from callbacks.ema import EMAWeights
-from datamodules.toy_distributions import DiffusionToyDataModule
-from experiments import quiet_single_thread
-from lightning_modules.denoisers import UNet, MLPDenoiser, from_model_range
+from experiments import kit
+from lightning_modules.denoisers import from_model_range
 from lightning_modules.diffusion_denoiser import DiffusionDenoiser, make_scheduler
-from lightning_modules.guided_sampling import DPSStyleGuide, guided_ddim_sample
-from lightning_modules.spectral_guidance import (SpectralGuidanceEncoder, TimeConditionedMLPEncoder, correlation_basis,
-                                                 whitening)
+from lightning_modules.guided_sampling import DPSStyleGuide, SpectralGuide, guided_ddim_sample
+from lightning_modules.spectral_guidance import correlation_basis, whitening
 
 PAPER = "Spectral Guidance for Flexible and Efficient Control of Diffusion Models (arXiv 2605.28900)"
 EVAL_T = (20, 50, 100, 200, 300, 400, 500, 600, 700, 800, 900)
@@ -66,29 +66,55 @@ SAMPLES_PER_CLASS = 128
 DDIM_STEPS = 50
 ETA = 1.0
 REPEATS = 2
+ENCODER_CONFIG = "configs/spectral_guidance/quick.yaml"            # SpectralGuidanceEncoder (FiLM-MLP, Adam 1e-3)
+DENOISER_CONFIG = "configs/spectral_guidance/denoiser_quick.yaml"  # DiffusionDenoiser (eps-MLP 128 x 4, Adam 1e-3)
 
 
-def _trainer(steps: int, callbacks=()) -> Trainer:
-    return Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
-                   enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-                   num_sanity_val_steps=0, callbacks=list(callbacks))
+@dataclass(frozen=True)
+class Sampling:
+    """The sampling protocol of S2 and digits (smaller under ``--smoke``)."""
+    strengths: tuple[float, ...] = STRENGTHS
+    samples_per_class: int = SAMPLES_PER_CLASS
+    ddim_steps: int = DDIM_STEPS
+    repeats: int = REPEATS
+    digits_per_class: int = 16
+    digits_strengths: tuple[float, ...] = (3.0, 10.0)
+    s1_num_eval: int = 20_000      # fresh samples per t for the S1 evaluation
+    gmm_num_train: int = 10_000    # GMM training samples (S2; also the N labelled samples of the coefficients)
 
 
-def _adam(lr: float):
-    return lambda params: torch.optim.Adam(params, lr=lr)
+def _fit(model, data, steps: int, callbacks=()):
+    kit.quiet_trainer(callbacks, max_steps=steps, limit_val_batches=0).fit(model, datamodule=data)
+    return model
+
+
+def _data_overrides(distribution: str, batch_size: int, seed: int, num_train: int | None = None,
+                    num_val: int | None = None) -> list[str]:
+    out = [f"--data.init_args.distribution={distribution}", f"--data.init_args.batch_size={batch_size}",
+           f"--data.init_args.seed={seed}"]
+    out += [f"--data.init_args.num_train={num_train}"] if num_train is not None else []
+    return out + ([f"--data.init_args.num_val={num_val}"] if num_val is not None else [])
+
+
+def _encoder(seed: int | bool, data_dim: int, k: int, hidden: int, data: list[str], *extra: str):
+    """quick.yaml's SpectralGuidanceEncoder with this data and f_theta = FiLM-MLP(data_dim -> k, hidden, 4 blocks);
+    ``seed=False`` keeps the global RNG where it is (no reseeding). Returns it with its datamodule."""
+    module, dm = kit.from_config(ENCODER_CONFIG, f"--seed_everything={json.dumps(seed)}",
+                                 f"--model.init_args.encoder.init_args.data_dim={data_dim}",
+                                 f"--model.init_args.encoder.init_args.num_features={k}",
+                                 f"--model.init_args.encoder.init_args.hidden_dim={hidden}", *data, *extra)
+    if int(np.prod(dm.data_shape)) != data_dim:
+        raise ValueError(f"encoder data_dim={data_dim} but the data has shape {dm.data_shape}")
+    return module, dm
 
 
 # ================================================================================================ S1
 def run_spectrum_recovery(seed: int, steps: int = 800, batch_size: int = 1024, num_eval: int = 20_000) -> dict:
     """Train the K=3 encoder on the Gaussian and compare with the closed-form spectrum."""
-    seed_everything(seed, verbose=False)
-    dm = DiffusionToyDataModule(distribution="gaussian", num_train=20_000, num_val=1000, batch_size=batch_size,
-                                seed=seed)
     k = 3
-    module = SpectralGuidanceEncoder(TimeConditionedMLPEncoder(dm.data_shape[0], k, hidden_dim=64, time_dim=64,
-                                                               num_layers=4), optimizer=_adam(1e-3))
+    module, dm = _encoder(seed, 16, k, 64, _data_overrides("gaussian", batch_size, seed, 20_000, 1000))
     start = time.perf_counter()
-    _trainer(steps).fit(module, datamodule=dm)
+    _fit(module, dm, steps)
     train_s = time.perf_counter() - start
     module.eval()
     spectrum = dm.spectrum
@@ -118,20 +144,15 @@ def run_spectrum_recovery(seed: int, steps: int = 800, batch_size: int = 1024, n
 
 
 # ================================================================================================ S2
-def _train_denoiser(dm, network: torch.nn.Module, steps: int, lr: float, clip_sample: bool) -> DiffusionDenoiser:
-    model = DiffusionDenoiser(network, clip_sample=clip_sample, optimizer=_adam(lr))
+def _train_denoiser(seed: int, data: list[str], steps: int, *extra: str) -> tuple[DiffusionDenoiser, object]:
+    """denoiser_quick.yaml's DiffusionDenoiser (+ `extra` overrides) trained `steps` steps with its EMA (0.999,
+    warm-up); returned with the averaged weights swapped in, and its datamodule."""
+    model, dm = kit.from_config(DENOISER_CONFIG, f"--seed_everything={seed}", *data, *extra)
     ema = EMAWeights(decay=0.999, warmup=True)
-    _trainer(steps, [ema]).fit(model, datamodule=dm)
+    _fit(model, dm, steps, [ema])
     ema._swap_in(model)      # sample with the averaged weights
     ema._stashed = None
-    return model.eval()
-
-
-def _train_encoder(dm, data_dim: int, k: int, hidden: int, steps: int, lr: float, **kwargs) -> SpectralGuidanceEncoder:
-    module = SpectralGuidanceEncoder(TimeConditionedMLPEncoder(data_dim, k, hidden_dim=hidden, time_dim=64,
-                                                               num_layers=4), optimizer=_adam(lr), **kwargs)
-    _trainer(steps).fit(module, datamodule=dm)
-    return module.eval()
+    return model.eval(), dm
 
 
 class _GMMPosterior:
@@ -160,12 +181,14 @@ def exact_energy_ratio(gmm, alphas_cumprod: torch.Tensor, timesteps, n: int, see
     return torch.tensor(out)
 
 
-def _sample_arm(denoiser_model: DiffusionDenoiser, guide_factory, gmm, targets: torch.Tensor, seed: int) -> dict:
+def _sample_arm(denoiser_model: DiffusionDenoiser, guide_factory, gmm, targets: torch.Tensor, seed: int,
+                sampling: Sampling) -> dict:
     best, samples, guide = float("inf"), None, None
-    for _ in range(REPEATS):
+    for _ in range(sampling.repeats):
         guide = guide_factory() if guide_factory is not None else None
         start = time.perf_counter()
-        samples = guided_ddim_sample(denoiser_model.denoiser, make_scheduler("ddim"), (len(targets), 2), DDIM_STEPS,
+        samples = guided_ddim_sample(denoiser_model.denoiser, make_scheduler("ddim"), (len(targets), 2),
+                                     sampling.ddim_steps,
                                      guide, ETA, torch.Generator().manual_seed(20_000 + seed))
         best = min(best, time.perf_counter() - start)
     with torch.no_grad():
@@ -178,17 +201,16 @@ def _sample_arm(denoiser_model: DiffusionDenoiser, guide_factory, gmm, targets: 
             "encoder_backprops": stats.encoder_backprops if stats else 0, "p_below_floor": below}
 
 
-def run_gmm_guidance(seed: int, denoiser_steps: int = 1500, encoder_steps: int = 800) -> dict:
+def run_gmm_guidance(seed: int, denoiser_steps: int = 1500, encoder_steps: int = 800,
+                     sampling: Sampling = Sampling()) -> dict:
     """Train the prior and the K=30 encoder on the labelled GMM, then compare the samplers."""
-    seed_everything(seed, verbose=False)
-    dm = DiffusionToyDataModule(distribution="gmm", num_train=10_000, num_val=1000, batch_size=512, seed=seed)
     start = time.perf_counter()
-    denoiser = _train_denoiser(dm, MLPDenoiser(2, hidden_dim=128, depth=4, time_dim=64), denoiser_steps, 1e-3, False)
+    n = sampling.gmm_num_train
+    denoiser, dm = _train_denoiser(seed, _data_overrides("gmm", 512, seed, n, 1000), denoiser_steps)
     denoiser_s = time.perf_counter() - start
-    seed_everything(seed + 100, verbose=False)
-    dm_enc = DiffusionToyDataModule(distribution="gmm", num_train=10_000, num_val=1000, batch_size=1024, seed=seed)
+    encoder, dm_enc = _encoder(seed + 100, 2, 30, 64, _data_overrides("gmm", 1024, seed, n, 1000))
     start = time.perf_counter()
-    encoder = _train_encoder(dm_enc, 2, 30, 64, encoder_steps, 1e-3)
+    _fit(encoder, dm_enc, encoder_steps).eval()
     encoder_s = time.perf_counter() - start
     x, y = dm.train_tensors()
     onehot = torch.nn.functional.one_hot(y, dm.num_classes).float()
@@ -196,25 +218,20 @@ def run_gmm_guidance(seed: int, denoiser_steps: int = 1500, encoder_steps: int =
     encoded = encoder.encode(x, onehot, torch.Generator().manual_seed(30_000 + seed))
     encode_s = time.perf_counter() - start
     gmm = dm.gmm
-    targets = torch.arange(dm.num_classes).repeat_interleave(SAMPLES_PER_CLASS)
-    arms = {"unguided": _sample_arm(denoiser, None, gmm, targets, seed)}
-    for s in STRENGTHS:
+    targets = torch.arange(dm.num_classes).repeat_interleave(sampling.samples_per_class)
+    arms = {"unguided": _sample_arm(denoiser, None, gmm, targets, seed, sampling)}
+    for s in sampling.strengths:
         for sign_fix, name in ((True, "spectral"), (False, "spectral (official sign)")):
-            arms[f"{name}, s={s:g}"] = _sample_arm(denoiser, lambda s=s, f=sign_fix: _spectral_guide(
-                encoder, encoded["coefficients"], targets, s, f), gmm, targets, seed)
+            arms[f"{name}, s={s:g}"] = _sample_arm(denoiser, lambda s=s, f=sign_fix: SpectralGuide(
+                encoder, encoded["coefficients"], targets, strength=s, sign_fix=f), gmm, targets, seed, sampling)
         arms[f"DPS-style, s={s:g}"] = _sample_arm(denoiser, lambda s=s: DPSStyleGuide(
-            _GMMPosterior(gmm, targets), encoder.alphas_cumprod, s), gmm, targets, seed)
+            _GMMPosterior(gmm, targets), encoder.alphas_cumprod, s), gmm, targets, seed, sampling)
     data_x, _ = gmm.sample(len(targets), torch.Generator().manual_seed(40_000 + seed))
     grid = encoded["timesteps"]
     return {"arms": arms, "data_loglik": float(gmm.log_prob(data_x).mean()),
             "energy_ratio": encoded["energy_ratio"].mean(1).tolist(),
             "exact_energy_ratio": exact_energy_ratio(gmm, encoder.alphas_cumprod, grid, 4000, seed).tolist(),
             "timesteps": grid.tolist(), "train_s": {"denoiser": denoiser_s, "encoder": encoder_s, "encode": encode_s}}
-
-
-def _spectral_guide(encoder, coefficients, targets, strength, sign_fix):
-    from lightning_modules.guided_sampling import SpectralGuide
-    return SpectralGuide(encoder, coefficients, targets, strength=strength, sign_fix=sign_fix)
 
 
 def select_matched(arms: dict, method: str) -> str:
@@ -240,20 +257,26 @@ class _LogisticPosterior:
         return torch.log_softmax(logits, -1)[torch.arange(len(x0_hat)), self.targets]
 
 
-def run_digits(seed: int = 0, denoiser_steps: int = 1000, encoder_steps: int = 800, out: Path | None = None) -> dict:
+def run_digits(seed: int = 0, denoiser_steps: int = 1000, encoder_steps: int = 800, out: Path | None = None,
+               sampling: Sampling = Sampling()) -> dict:
     """Class guidance on sklearn digits: spectral vs DPS-style (through the UNet) vs unguided."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.svm import SVC
 
-    seed_everything(seed, verbose=False)
-    dm = DiffusionToyDataModule(distribution="digits", batch_size=128, seed=seed)
+    unet = {"class_path": "lightning_modules.denoisers.UNet",
+            "init_args": {"in_channels": 1, "out_channels": 1, "base_channels": 16, "channel_mults": [1, 2],
+                          "time_dim": 64}}
     start = time.perf_counter()
-    denoiser = _train_denoiser(dm, UNet(1, 1, base_channels=16, channel_mults=(1, 2), time_dim=64), denoiser_steps,
-                               2e-3, True)
+    denoiser, dm = _train_denoiser(seed, _data_overrides("digits", 128, seed), denoiser_steps,
+                                   f"--model.init_args.denoiser={json.dumps(unet)}",
+                                   "--model.init_args.clip_sample=true",
+                                   "--model.init_args.optimizer.init_args.lr=0.002")
     denoiser_s = time.perf_counter() - start
-    dm_enc = DiffusionToyDataModule(distribution="digits", batch_size=512, seed=seed)
+    # seed_everything=false: the encoder's initialisation continues the RNG stream after the prior's training
+    encoder, dm_enc = _encoder(False, 64, 32, 128, _data_overrides("digits", 512, seed),
+                               "--model.init_args.clip_sample=true")
     start = time.perf_counter()
-    encoder = _train_encoder(dm_enc, 64, 32, 128, encoder_steps, 1e-3, clip_sample=True)
+    _fit(encoder, dm_enc, encoder_steps).eval()
     encoder_s = time.perf_counter() - start
     x, y = dm.train_tensors()
     encoded = encoder.encode(x, torch.nn.functional.one_hot(y, 10).float(), torch.Generator().manual_seed(1))
@@ -263,22 +286,22 @@ def run_digits(seed: int = 0, denoiser_steps: int = 1000, encoder_steps: int = 8
     weight = torch.tensor(guide_classifier.coef_, dtype=torch.float32)
     bias = torch.tensor(guide_classifier.intercept_, dtype=torch.float32)
     encoder.attach_denoiser(denoiser)
-    per_class = 16
+    per_class = sampling.digits_per_class
     targets = torch.arange(10).repeat_interleave(per_class)
     factories = {"unguided": None}
-    for s in (3.0, 10.0):
-        factories[f"spectral, s={s:g}"] = lambda s=s: _spectral_guide(encoder, encoded["coefficients"], targets, s,
-                                                                       True)
+    for s in sampling.digits_strengths:
+        factories[f"spectral, s={s:g}"] = lambda s=s: SpectralGuide(encoder, encoded["coefficients"], targets,
+                                                                     strength=s, sign_fix=True)
         factories[f"DPS-style, s={s:g}"] = lambda s=s: DPSStyleGuide(_LogisticPosterior(weight, bias, targets),
                                                                       encoder.alphas_cumprod, s)
     results, grids = {}, {}
     for name, factory in factories.items():
         best = float("inf")
-        for _ in range(REPEATS):
+        for _ in range(sampling.repeats):
             guide = factory() if factory is not None else None
             begin = time.perf_counter()
             samples = guided_ddim_sample(denoiser.denoiser, make_scheduler("ddim", clip_sample=True),
-                                         (len(targets), 1, 8, 8), DDIM_STEPS, guide, ETA,
+                                         (len(targets), 1, 8, 8), sampling.ddim_steps, guide, ETA,
                                          torch.Generator().manual_seed(50_000 + seed))
             best = min(best, time.perf_counter() - begin)
         nearest = torch.cdist(samples.flatten(1), flat).min(dim=1).values
@@ -332,29 +355,23 @@ def _digit_grid(grids: dict, per_class: int, path: Path, accuracy: dict) -> None
 
 
 # ============================================================================================ summary
-def _mean_std(values) -> dict:
-    return {"mean": float(np.mean(values)), "std": float(np.std(values))}
+S1_METRICS = ("max_eigenvalue_error", "mean_eigenvalue_error", "mean_principal_cosine", "min_principal_cosine",
+              "min_principal_cosine_t_le_800", "train_s")
+S2_METRICS = ("accuracy", "loglik", "denoiser_backprops", "encoder_backprops", "wall_s", "p_below_floor")
+MATCHED = ("spectral", "spectral (official sign)", "DPS-style")
 
 
-def summarise(s1: list[dict], s2: list[dict]) -> tuple[dict, dict]:
-    """(arms: {arm: {metric: {mean, std}}}, the strength chosen per seed for every "@ matched fidelity" arm)."""
-    arms = {"S1 spectrum recovery (K=3)": {key: _mean_std([r[key] for r in s1]) for key in (
-        "max_eigenvalue_error", "mean_eigenvalue_error", "mean_principal_cosine", "min_principal_cosine",
-        "min_principal_cosine_t_le_800", "train_s")}}
-    metrics = ("accuracy", "loglik", "denoiser_backprops", "encoder_backprops", "wall_s", "p_below_floor")
-    names = list(s2[0]["arms"])
-    for name in names:
-        arms[f"S2 {name}"] = {m: _mean_std([r["arms"][name][m] for r in s2]) for m in metrics}
-    choices = {}
-    for method in ("spectral", "spectral (official sign)", "DPS-style"):
-        chosen = [select_matched(r["arms"], method) for r in s2]
-        arms[f"S2 {method} @ matched fidelity"] = {m: _mean_std([r["arms"][c][m] for r, c in zip(s2, chosen)])
-                                                   for m in metrics}
-        choices[f"S2 {method} @ matched fidelity"] = chosen
-    return arms, choices
+def per_seed_arms(s1: dict, s2: dict) -> dict[str, dict[str, float]]:
+    """One seed's ``{arm: {metric: value}}``: S1, every S2 sampler, and each method at matched fidelity."""
+    arms = {"S1 spectrum recovery (K=3)": {key: s1[key] for key in S1_METRICS}}
+    arms.update({f"S2 {name}": {m: row[m] for m in S2_METRICS} for name, row in s2["arms"].items()})
+    for method in MATCHED:
+        chosen = select_matched(s2["arms"], method)
+        arms[f"S2 {method} @ matched fidelity"] = {m: s2["arms"][chosen][m] for m in S2_METRICS}
+    return arms
 
 
-def markdown(arms: dict, choices: dict, s1_runs: list[dict], s2: list[dict]) -> str:
+def markdown(arms: dict, choices: dict, s1_runs: list[dict], s2: list[dict], sampling: Sampling) -> str:
     s1 = arms["S1 spectrum recovery (K=3)"]
     lines = ["S1 (Gaussian, known spectrum; claim: eigenvalue error <= 0.05, span aligned)", "",
              "| max abs eigenvalue error | mean abs error | mean principal cosine | min principal cosine | "
@@ -371,7 +388,8 @@ def markdown(arms: dict, choices: dict, s1_runs: list[dict], s2: list[dict]) -> 
                      s1_runs[0]["eval_t"],
                      np.mean([np.abs(np.subtract(r["estimated"], r["closed_form"])).max(1) for r in s1_runs], 0),
                      np.mean([np.array(r["cosines"]).min(1) for r in s1_runs], 0))), "",
-             f"S2 (labelled 2-D GMM, 8 classes, {8 * SAMPLES_PER_CLASS} samples, DDIM {DDIM_STEPS} steps, eta {ETA:g};"
+             f"S2 (labelled 2-D GMM, 8 classes, {8 * sampling.samples_per_class} samples, DDIM {sampling.ddim_steps}"
+             f" steps, eta {ETA:g};"
              f" data log-lik {np.mean([r['data_loglik'] for r in s2]):.3f})", "",
              "| arm | accuracy | GMM log-lik | denoiser backprops | encoder backprops | wall s | share p <= floor "
              "| chosen per seed |",
@@ -449,42 +467,54 @@ def plot(s1: list[dict], s2: list[dict], digits: dict | None, path: Path) -> Non
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=3)
+    parser = kit.experiment_parser(__doc__.splitlines()[0], seeds=3)
     parser.add_argument("--s1-steps", type=int, default=800)
     parser.add_argument("--denoiser-steps", type=int, default=1500)
     parser.add_argument("--encoder-steps", type=int, default=800)
     parser.add_argument("--digits-denoiser-steps", type=int, default=1000)
     parser.add_argument("--skip-digits", action="store_true")
-    parser.add_argument("--out", default="results")
     args = parser.parse_args(argv)
-    quiet_single_thread()
+    sampling = Sampling()
+    digits_encoder_steps = 800
+    if args.smoke:  # the pipeline in seconds: a few steps, one strength, 8 samples per class, 10 DDIM steps
+        args.s1_steps = args.denoiser_steps = args.encoder_steps = args.digits_denoiser_steps = 3
+        digits_encoder_steps = 3
+        sampling = Sampling(strengths=(1.0,), samples_per_class=8, ddim_steps=10, repeats=1, digits_per_class=8,
+                            digits_strengths=(3.0,), s1_num_eval=2000, gmm_num_train=1000)
+    kit.quiet_single_thread()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     s1, s2 = [], []
-    for seed in range(args.seeds):
-        s1.append(run_spectrum_recovery(seed, args.s1_steps))
+    for seed in kit.progress(range(args.seeds), "S1 seeds"):
+        s1.append(run_spectrum_recovery(seed, args.s1_steps, num_eval=sampling.s1_num_eval))
         print(f"[S1 seed {seed}] max err {s1[-1]['max_eigenvalue_error']:.4f}, "
               f"cos {s1[-1]['mean_principal_cosine']:.4f} ({time.perf_counter() - start:.0f} s)", flush=True)
-    for seed in range(args.seeds):
-        s2.append(run_gmm_guidance(seed, args.denoiser_steps, args.encoder_steps))
+    for seed in kit.progress(range(args.seeds), "S2 seeds"):
+        s2.append(run_gmm_guidance(seed, args.denoiser_steps, args.encoder_steps, sampling))
         print(f"[S2 seed {seed}] done ({time.perf_counter() - start:.0f} s)", flush=True)
-    digits = None if args.skip_digits else run_digits(0, args.digits_denoiser_steps, out=out)
-    arms, choices = summarise(s1, s2)
-    wall = time.perf_counter() - start
-    result = {"paper": PAPER, "seeds": args.seeds, "wall_s": wall, "arms": arms, "matched_fidelity_choice": choices,
-              "settings": {"s1_steps": args.s1_steps, "denoiser_steps": args.denoiser_steps,
-                           "encoder_steps": args.encoder_steps, "strengths": STRENGTHS, "ddim_steps": DDIM_STEPS,
-                           "eta": ETA, "fidelity_tol": FIDELITY_TOL, "samples_per_class": SAMPLES_PER_CLASS},
-              "s1": s1, "s2": s2, "digits": digits,
-              "note": "wall times measured on a shared 2-core machine (noisy)"}
-    (out / "spectral_guidance.json").write_text(json.dumps(result, indent=1))
+    digits = None if args.skip_digits else run_digits(0, args.digits_denoiser_steps, digits_encoder_steps, out=out,
+                                                      sampling=sampling)
+    per_seed = [per_seed_arms(a, b) for a, b in zip(s1, s2)]
+    arms = kit.summarise(per_seed)
+    choices = {f"S2 {method} @ matched fidelity": [select_matched(r["arms"], method) for r in s2]
+               for method in MATCHED}
+    config = {"encoder_config": ENCODER_CONFIG, "denoiser_config": DENOISER_CONFIG, "s1_steps": args.s1_steps,
+              "denoiser_steps": args.denoiser_steps, "encoder_steps": args.encoder_steps,
+              "digits_denoiser_steps": args.digits_denoiser_steps, "digits_encoder_steps": digits_encoder_steps,
+              "strengths": sampling.strengths, "ddim_steps": sampling.ddim_steps, "eta": ETA,
+              "fidelity_tol": FIDELITY_TOL, "samples_per_class": sampling.samples_per_class,
+              "timing_repeats": sampling.repeats, "skip_digits": args.skip_digits, "smoke": args.smoke}
+    result = kit.write_result(PAPER, seeds=args.seeds, wall_s=time.perf_counter() - start, config=config, arms=arms,
+                              per_seed=per_seed, out=out, name="spectral_guidance", matched_fidelity_choice=choices,
+                              s1=s1, s2=s2, digits=digits,
+                              note="wall times measured on a shared 2-core machine (noisy)")
     plot(s1, s2, digits, out / "spectral_guidance.png")
-    print(markdown(arms, choices, s1, s2))
+    print(markdown(arms, choices, s1, s2, sampling))
     if digits is not None:
         print(digits_markdown(digits))
-    print(f"\nwall {wall:.0f} s; results in {out / 'spectral_guidance.json'}, {out / 'spectral_guidance.png'}")
+    print(f"\nwall {result['wall_s']:.0f} s; results in {out / 'spectral_guidance.json'}, "
+          f"{out / 'spectral_guidance.png'}")
     return result
 
 
