@@ -476,10 +476,10 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     sampling = Sampling()
     digits_encoder_steps = 800
-    if args.smoke:  # the pipeline in seconds: a few steps, one strength, 8 samples per class, 10 DDIM steps
+    if args.smoke:  # the pipeline in seconds: a few steps, one strength, 8 samples per class, no timing repeat
         args.s1_steps = args.denoiser_steps = args.encoder_steps = args.digits_denoiser_steps = 3
         digits_encoder_steps = 3
-        sampling = Sampling(strengths=(1.0,), samples_per_class=8, ddim_steps=10, repeats=1, digits_per_class=8,
+        sampling = Sampling(strengths=(1.0,), samples_per_class=8, ddim_steps=DDIM_STEPS, repeats=1, digits_per_class=8,
                             digits_strengths=(3.0,), s1_num_eval=2000, gmm_num_train=1000)
     kit.quiet_single_thread()
     out = Path(args.out)
