@@ -33,17 +33,8 @@ This file holds the rewards and the module. The answer format and its parser are
 matching in `lightning_modules.answers` (`is_correct`, `answer_key`), the set metrics in
 `lightning_modules.answer_set_metrics`.
 
-Two output styles (``style``):
-
-* ``tags`` (the official format): ``<think>..</think> <answer1>a</answer1> <confidence1>p</confidence1> ...
-  <analysis>..</analysis>``; the parser also accepts all answers first, then all confidences. Malformed output
-  is handled as in ``reward_fns.py``: the format check only tests that every tag occurs (``<think>`` and
-  ``</think>`` present, K numbered answer tags, for RLCR K confidence tags and ``<analysis>``); candidates are
-  taken at their first ordered occurrence; a non-float or out-of-range confidence fails the format; K = 1 uses
-  the unnumbered ``<answer>``/``<confidence>`` tags.
-* ``compact`` (this repo's toy format for a from-scratch character-level GPT, a documented choice
-  for the CPU experiment): ``a1@c1;a2@c2;a3@c3`` where ``c_i`` is ONE digit and ``p_i = c_i / 10``; without confidences
-  ``a1;a2;a3``. Exactly K non-empty fields are required (more or fewer is malformed); no think/analysis parts.
+Two output styles (``style``): ``tags``, the official format, and ``compact``, this collection's toy format for
+a from-scratch character-level GPT; both are specified in `lightning_modules.multi_answer_protocol`.
 
 Deviations / reconstructions (all documented choices):
 
