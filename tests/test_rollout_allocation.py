@@ -314,12 +314,8 @@ def test_knapsack_raises_the_response_level_effective_ratio_at_equal_budget():
 @pytest.mark.slow
 def test_knapsack_experiment_reduced_claim(tmp_path):
     """experiments.knapsack_rl at 1 seed, a 1000-step SFT and 64 GRPO steps (~1-1.5 min on 2 cores)."""
-    import argparse
+    from experiments.knapsack_rl import main
 
-    from experiments.knapsack_rl import common_arguments, run
-
-    parser = common_arguments(argparse.ArgumentParser(), seeds=1, steps=64)
-    args = parser.parse_args(["--sft-steps", "1000", "--out", str(tmp_path)])
-    result = run(args)
+    result = main(["--seeds", "1", "--steps", "64", "--sft-steps", "1000", "--out", str(tmp_path)])
     assert result["claim"]["difference_mean"] >= 0.05, result["claim"]
     assert (tmp_path / "knapsack_rl.json").is_file() and (tmp_path / "knapsack_rl.png").is_file()
