@@ -5,6 +5,7 @@ write into the repository; configs are passed by absolute path.
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -46,6 +47,11 @@ def _declared_prerequisites() -> dict[str, str]:
 PREREQUISITES = _declared_prerequisites()
 
 
+def _logger_levels() -> dict[str, int]:
+    return {name: logger.level for name, logger in logging.Logger.manager.loggerDict.items()
+            if isinstance(logger, logging.Logger)}
+
+
 @pytest.fixture(autouse=True)
 def clean_environment(monkeypatch, tmp_path):
     """Run from tmp_path, with W&B disabled and pytest's argv hidden from LightningCLI."""
@@ -53,7 +59,11 @@ def clean_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("WANDB_MODE", "disabled")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setattr(sys, "argv", ["train.py"])
+    levels = _logger_levels()  # experiment scripts run in-process quieten loggers; later tests read their records
     yield
+    for name, level in _logger_levels().items():
+        if level != levels.get(name, logging.NOTSET):
+            logging.getLogger(name).setLevel(levels.get(name, logging.NOTSET))
     torch.use_deterministic_algorithms(False)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
