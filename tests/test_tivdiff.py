@@ -393,20 +393,16 @@ def test_loader_errors_name_the_problem(tmp_path):
 
 # ============================================================================================ the claim (slow)
 @pytest.mark.slow
-def test_reduced_experiment_reproduces_the_mechanisms():
+def test_reduced_experiment_reproduces_the_mechanisms(tmp_path):
     """One seed at reduced size: VIP keeps identities verifiable, is unlinkable across keys and far from the
     original; the watermark is read with the right key (> 0.9) and not with a wrong one (~0.5)."""
-    import argparse
+    from experiments.tivdiff import main
 
-    from tqdm import tqdm
-
-    from experiments.tivdiff import run_seed
-
-    args = argparse.Namespace(identities=40, images=10, dim=32, unet_channels=16, encoder_steps=150,
-                              generator_steps=300, ema=0.99, steps=50, few_steps=10, bits=32, faces=48, lr=2e-3,
-                              vip_identities=60)
-    with tqdm(disable=True) as progress:
-        arms, _ = run_seed(0, args, progress)
+    result = main(["--seeds", "1", "--identities", "40", "--images", "10", "--dim", "32", "--unet-channels", "16",
+                   "--encoder-steps", "150", "--generator-steps", "300", "--ema", "0.99", "--steps", "50",
+                   "--few-steps", "10", "--bits", "32", "--faces", "48", "--lr", "2e-3", "--vip-identities", "60",
+                   "--out", str(tmp_path)])
+    arms = result["per_seed"][0]
     vip = arms["VIP (trained)"]
     assert vip["verif_auc"] > 0.9 and abs(vip["linkability_auc"] - 0.5) < 0.1 and abs(vip["cos_e_v"]) < 0.2
     wm = arms["IGGW watermark"]
