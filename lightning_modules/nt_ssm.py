@@ -104,6 +104,8 @@ Deviations and reconstructions
   the embeddings; the graph then comes from the new data.
 * Negative items (for the L2 term and BPR) are drawn uniformly among the user's non-train items by the
   datamodule, as a pure function of (seed, epoch, edge) (SELFRec uses Python's ``random``).
+* Mixed precision (``precision="bf16-mixed"``): the sparse graph propagation and the full-ranking scores run in
+  fp32 inside autocast (`without_autocast`); the losses run under autocast. fp32 runs are unchanged.
 * The NCL backbone of the paper is not implemented (NCL's NT variant is not in the release either).
 """
 from __future__ import annotations
@@ -147,6 +149,19 @@ def normalized_adjacency(users: Tensor, items: Tensor, num_users: int, num_items
     return torch.sparse_coo_tensor(torch.stack([rows, cols]), values, (n, n), check_invariants=False).coalesce()
 
 
+def without_autocast(tensor: Tensor):
+    """Context that turns autocast off on ``tensor``'s device type; the graph propagation and the ranking scores
+    run inside it, in fp32 on ``.float()`` inputs.
+
+    Under ``precision="bf16-mixed"`` (or "16-mixed") autocast hands the sparse products low-precision operands
+    next to the fp32 adjacency and their backward fails (``expected scalar type Float but found BFloat16``);
+    bf16 ranking scores (8-bit mantissa) would tie among thousands of items and change top-K metrics. The
+    losses after the propagation still run under autocast. Without autocast this changes nothing
+    (bit-identical results).
+    """
+    return torch.autocast(device_type=tensor.device.type, enabled=False)
+
+
 class LightGCN(nn.Module):
     """LightGCN ego embeddings and propagation returning the even/odd layer decomposition.
 
@@ -162,16 +177,22 @@ class LightGCN(nn.Module):
         self.item_embedding = nn.Parameter(nn.init.xavier_uniform_(torch.empty(num_items, embedding_dim)))
 
     def forward(self, adjacency: Tensor) -> tuple[Tensor, Tensor]:
-        layer = torch.cat([self.user_embedding, self.item_embedding])
-        even, odd = layer, torch.zeros_like(layer)
-        for depth in range(1, self.num_layers + 1):
-            layer = torch.sparse.mm(adjacency, layer)
-            if depth % 2:
-                odd = odd + layer
-            else:
-                even = even + layer
-        scale = 1.0 / (self.num_layers + 1)
-        return even * scale, odd * scale
+        with without_autocast(adjacency):
+            layer = self.ego_embeddings()
+            adjacency = adjacency.float()
+            even, odd = layer, torch.zeros_like(layer)
+            for depth in range(1, self.num_layers + 1):
+                layer = torch.sparse.mm(adjacency, layer)
+                if depth % 2:
+                    odd = odd + layer
+                else:
+                    even = even + layer
+            scale = 1.0 / (self.num_layers + 1)
+            return even * scale, odd * scale
+
+    def ego_embeddings(self) -> Tensor:
+        """Layer 0 (U+I, d) in fp32 (the propagation's precision, see `without_autocast`)."""
+        return torch.cat([self.user_embedding, self.item_embedding]).float()
 
     def split(self, nodes: Tensor) -> tuple[Tensor, Tensor]:
         """(user rows, item rows) of a (U+I, d) node tensor."""
@@ -204,18 +225,20 @@ class SimGCL(LightGCN):
         self.noise_eps = noise_eps
 
     def forward(self, adjacency: Tensor, perturbed: bool = False) -> tuple[Tensor, Tensor]:
-        layer = torch.cat([self.user_embedding, self.item_embedding])
-        even = odd = torch.zeros_like(layer)
-        for depth in range(1, self.num_layers + 1):
-            layer = torch.sparse.mm(adjacency, layer)
-            if perturbed and self.noise_eps > 0:
-                layer = layer + simgcl_noise(layer, self.noise_eps)
-            if depth % 2:
-                odd = odd + layer
-            else:
-                even = even + layer
-        scale = 1.0 / self.num_layers
-        return even * scale, odd * scale
+        with without_autocast(adjacency):
+            layer = self.ego_embeddings()
+            adjacency = adjacency.float()
+            even = odd = torch.zeros_like(layer)
+            for depth in range(1, self.num_layers + 1):
+                layer = torch.sparse.mm(adjacency, layer)
+                if perturbed and self.noise_eps > 0:
+                    layer = layer + simgcl_noise(layer, self.noise_eps)
+                if depth % 2:
+                    odd = odd + layer
+                else:
+                    even = even + layer
+            scale = 1.0 / self.num_layers
+            return even * scale, odd * scale
 
 
 # ============================================================================================ losses
@@ -410,7 +433,8 @@ class GraphCollaborativeFiltering(PaperModule):
     def forward(self, users: Tensor) -> Tensor:
         """Scores (B, N) of every item for ``users`` (no masking)."""
         user_final, item_final = self._final_embeddings()
-        return user_final[users] @ item_final.T
+        with without_autocast(item_final):  # fp32 scores: bf16 would tie items and change the ranking
+            return user_final[users].float() @ item_final.float().T
 
     def _final_embeddings(self) -> tuple[Tensor, Tensor]:
         if self._eval_cache is not None:

@@ -248,6 +248,31 @@ def test_simgcl_cl_term_is_weighted_infonce_of_two_seeded_noisy_views(small_grap
             0.5 * (info_nce(x_u, x_u, 0.3) + info_nce(x_i, x_i, 0.3)).item(), rel=1e-6)
 
 
+@pytest.mark.parametrize("backbone, loss", [("lightgcn", "nt_ssm"), ("lightgcn", "bpr"), ("simgcl", "nt_ssm"),
+                                           ("simgcl", "ssm")])
+def test_bf16_autocast_trains_and_fp32_results_are_unchanged(small_graph, backbone, loss):
+    """bf16-mixed (CPU autocast here, as on GPUs): the sparse propagation runs in fp32 inside autocast, so the
+    backward pass works (it failed with 'expected scalar type Float but found BFloat16') and gives finite
+    gradients; the propagation and the ranking scores stay fp32 and equal the autocast-free ones exactly."""
+    model = _graph_model(small_graph, backbone=backbone, loss=loss, tau=0.5, noise_eps=0.1, cl_weight=0.5)
+    batch = next(iter(small_graph.train_dataloader()))
+    with torch.no_grad():
+        reference_propagation = model.propagate()
+        reference_scores = model(batch["users"][:4])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.no_grad():
+            propagation = model.propagate()
+            scores = model(batch["users"][:4])
+        torch.manual_seed(0)
+        loss_value = model.compute_loss(batch)
+    loss_value.backward()
+    for reference, value in zip(reference_propagation, propagation):
+        assert value.dtype == torch.float32 and torch.equal(reference, value)
+    assert scores.dtype == torch.float32 and torch.equal(reference_scores, scores)
+    for parameter in model.parameters():
+        assert parameter.grad is not None and torch.isfinite(parameter.grad).all() and parameter.grad.abs().sum() > 0
+
+
 # ============================================================================================ data
 def _write(path, text):
     path.write_text(text)
