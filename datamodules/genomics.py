@@ -17,11 +17,21 @@ Sources (nothing is downloaded; real data comes from a local ``data_dir``):
   optional BED of windows ``chrom start end split`` (``<data_dir>/<bed_name>``, HyenaDNA/Caduceus
   ``human-sequences.bed`` style, split in train/valid/test). Windows are tiled into pieces of ``seq_len``. Without a
   BED every record is tiled and pieces are split at random (seeded) into train/val/test.
-* ``nucleotide_transformer`` (classification): the layout of HF ``InstaDeepAI/nucleotide_transformer_downstream_tasks``
-  saved locally: ``<data_dir>/{train,test}.csv`` or ``.parquet`` (or ``{split}-*.parquet``, ``data/{split}-*.parquet``)
-  with columns ``sequence``, ``label``, ``task``; rows are filtered by ``task``.
+* ``nucleotide_transformer`` (classification): a local copy of HF
+  ``InstaDeepAI/nucleotide_transformer_downstream_tasks`` (or its ``_revised`` version). ``data_dir`` may be
+  (1) the snapshot root, one folder per task, with ``task`` naming the folder (optional when there is only one; an
+  unknown name is an error listing the tasks found):
+  ``<root>/<task>/{train,test}.parquet`` (columns ``sequence``, ``name``, ``label``, and ``task`` in later
+  revisions), the Hub's parquet conversion ``<root>/<task>/{train,test}/*.parquet``, or the original FASTA files
+  ``<root>/<task>/{train,test}.fna`` whose headers are ``>name|label`` (the label is the integer after the last
+  ``|``, as in the dataset's loading script); (2) one task folder holding those files; (3) a flat multi-task table
+  ``<data_dir>/{train,test}.csv`` / ``.parquet`` (or ``{split}-*.parquet``, ``data/{split}-*.parquet``) with a
+  ``task`` column whose rows are filtered by ``task``. Where a folder holds both parquet and FASTA (as the released
+  snapshot does), the parquet is read, or the FASTA when pyarrow is unusable.
 * ``genomic_benchmarks`` (classification): ``<data_dir>/{train,test}/<class_name>/<id>.txt`` (one sequence per
-  file, the on-disk layout of the genomic-benchmarks package); class ids follow the sorted class names.
+  file, the on-disk layout of the genomic-benchmarks package); class ids follow the sorted class names. The
+  package's cache root (``~/.genomic_benchmarks``, one ``<dataset_name>/`` folder per downloaded dataset) is
+  accepted too: ``task`` names the dataset, optional when the root holds exactly one.
 
 Validation data is a seeded hold-out (``val_fraction``) of the training split; sequences longer than
 ``max_length`` keep their first ``max_length`` bases (the tokenizer truncation of the authors' eval script).
@@ -152,26 +162,15 @@ def read_fasta(path: str) -> dict[str, np.ndarray]:
     if not os.path.isfile(path):
         raise UserInputError(f"FASTA file '{path}' not found: put the genome there (e.g. hg38 as ldar_data.fa) or "
                              "set data.init_args.fasta_name.")
-    opener = gzip.open if path.endswith(".gz") else open
-    records: dict[str, list[str]] = {}
-    name = None
-    with opener(path, "rt") as handle:
-        for number, line in enumerate(handle, 1):
-            line = line.strip()
-            if not line:
-                continue
-            if line.startswith(">"):
-                name = line[1:].split()[0] if line[1:].split() else ""
-                if not name or name in records:
-                    raise UserInputError(f"{path}:{number}: header '{line}' has an empty or duplicate record name.")
-                records[name] = []
-            elif name is None:
-                raise UserInputError(f"{path}:{number}: sequence before the first '>' header; is this a FASTA file?")
-            else:
-                records[name].append(line)
+    records: dict[str, str] = {}
+    for number, header, sequence in _fasta_records(path):
+        name = header.split()[0] if header.split() else ""
+        if not name or name in records:
+            raise UserInputError(f"{path}:{number}: header '>{header}' has an empty or duplicate record name.")
+        records[name] = sequence
     if not records:
         raise UserInputError(f"{path}: no FASTA record ('>name' line) found.")
-    return {k: encode("".join(v), f"{path} record '{k}'") for k, v in records.items()}
+    return {k: encode(v, f"{path} record '{k}'") for k, v in records.items()}
 
 
 SPLIT_NAMES = {"train": "train", "valid": "val", "val": "val", "validation": "val", "test": "test"}
@@ -213,13 +212,22 @@ def tile(sequence: np.ndarray, seq_len: int) -> list[np.ndarray]:
     return [sequence[i:i + seq_len] for i in range(0, len(sequence), seq_len)]
 
 
+def _pyarrow_error() -> str | None:
+    try:
+        import pyarrow.parquet  # noqa: F401
+    except ImportError as err:
+        return str(err)
+    return None
+
+
 def _read_table(path: str) -> dict[str, list]:
     if path.endswith(".parquet"):
-        try:
-            import pyarrow.parquet as pq
-        except ImportError as err:
-            raise UserInputError(f"reading '{path}' needs a working pyarrow ({err}); install it or convert the "
-                                 "split to CSV (columns sequence,label,task).") from None
+        problem = _pyarrow_error()
+        if problem is not None:
+            raise UserInputError(f"reading '{path}' needs a working pyarrow ({problem}); install it, or read the "
+                                 "task's .fna files instead (put them next to it or in place of the parquet).")
+        import pyarrow.parquet as pq
+
         return pq.read_table(path).to_pydict()
     with open(path, newline="") as handle:
         rows = list(csv.DictReader(handle))
@@ -228,47 +236,166 @@ def _read_table(path: str) -> dict[str, list]:
     return {key: [row[key] for row in rows] for key in rows[0]}
 
 
-def _nt_files(data_dir: str, split: str) -> list[str]:
-    for pattern in (f"{split}.csv", f"{split}.parquet", f"{split}-*.parquet", f"data/{split}-*.parquet",
-                    f"{split}/*.parquet"):
-        found = sorted(glob.glob(os.path.join(data_dir, pattern)))
-        if found:
-            return found
-    raise UserInputError(f"no '{split}' split under '{data_dir}': expected {split}.csv, {split}.parquet or "
-                         f"data/{split}-*.parquet (the layout of InstaDeepAI/nucleotide_transformer_downstream_tasks).")
+def _fasta_records(path: str):
+    """(line number of the header, header text without '>', sequence) for each record of a (gzipped) FASTA file."""
+    opener = gzip.open if path.endswith(".gz") else open
+    header, number, chunks = None, 0, []
+    with opener(path, "rt") as handle:
+        for line_number, line in enumerate(handle, 1):
+            line = line.strip()
+            if not line:
+                continue
+            if line.startswith(">"):
+                if header is not None:
+                    yield number, header, "".join(chunks)
+                header, number, chunks = line[1:].strip(), line_number, []
+            elif header is None:
+                raise UserInputError(f"{path}:{line_number}: sequence before the first '>' header; is this a "
+                                     "FASTA file?")
+            else:
+                chunks.append(line)
+    if header is not None:
+        yield number, header, "".join(chunks)
+
+
+def read_labelled_fasta(path: str) -> dict[str, list]:
+    """NT downstream-task FASTA (``>name|label`` headers) -> a table ``{"sequence", "name", "label"}``.
+
+    As the dataset's loading script: the record name is the header's first word and the label the integer after
+    its last ``|``."""
+    table: dict[str, list] = {"sequence": [], "name": [], "label": []}
+    for number, header, sequence in _fasta_records(path):
+        name = header.split()[0] if header.split() else ""
+        label = name.rsplit("|", 1)[-1] if "|" in name else None
+        try:
+            label = int(label)
+        except (TypeError, ValueError):
+            raise UserInputError(f"{path}:{number}: header '>{header}' does not end in '|<integer label>' (the NT "
+                                 "downstream-task FASTA header is '>name|label').") from None
+        if not sequence:
+            raise UserInputError(f"{path}:{number}: record '{name}' has no sequence.")
+        table["sequence"].append(sequence)
+        table["name"].append(name)
+        table["label"].append(label)
+    if not table["sequence"]:
+        raise UserInputError(f"{path}: no FASTA record ('>name|label' line) found.")
+    return table
+
+
+_NT_TABLES = ("{split}.parquet", "{split}/*.parquet", "{split}-*.parquet", "data/{split}-*.parquet", "{split}.csv")
+_NT_FASTA = ("{split}.fna", "{split}.fna.gz", "{split}.fasta", "{split}.fa")
+NT_LAYOUTS = ("<data_dir>/<task>/{train,test}.parquet or .fna (the snapshot root, with data.init_args.task), "
+              "<data_dir>/<task>/{train,test}/*.parquet, <data_dir>/{train,test}.parquet/.fna/.csv (one task "
+              "folder), or data/{train,test}-*.parquet (with a 'task' column)")
+
+
+def _nt_files(folder: str, split: str) -> list[str]:
+    """The files of one split in one folder ([] if none): parquet/CSV tables first, the FASTA files when there is
+    no table, or when pyarrow is unusable and a FASTA copy exists."""
+    def first(patterns):
+        for pattern in patterns:
+            found = sorted(glob.glob(os.path.join(folder, pattern.format(split=split))))
+            if found:
+                return found
+        return []
+
+    tables, fasta = first(_NT_TABLES), first(_NT_FASTA)
+    if tables and fasta and tables[0].endswith(".parquet") and _pyarrow_error() is not None:
+        return fasta
+    return tables or fasta
+
+
+def nucleotide_transformer_tasks(data_dir: str) -> list[str]:
+    """Task folders of a snapshot root: sub-folders holding a train split."""
+    if not os.path.isdir(data_dir):
+        return []
+    return sorted(d for d in os.listdir(data_dir)
+                  if os.path.isdir(os.path.join(data_dir, d)) and _nt_files(os.path.join(data_dir, d), "train"))
+
+
+def resolve_nucleotide_transformer(data_dir: str, task: str | None) -> tuple[str, bool]:
+    """(folder holding the split files, whether rows are filtered on a ``task`` column) for `data_dir`."""
+    if not os.path.isdir(data_dir):
+        raise UserInputError(f"NT data_dir '{data_dir}' not found; expected {NT_LAYOUTS}.")
+    if _nt_files(data_dir, "train"):
+        return data_dir, True
+    tasks = nucleotide_transformer_tasks(data_dir)
+    if not tasks:
+        raise UserInputError(f"no 'train' split under '{data_dir}': expected {NT_LAYOUTS}.")
+    if task is None and len(tasks) == 1:
+        task = tasks[0]
+    if task is None:
+        raise UserInputError(f"'{data_dir}' holds {len(tasks)} NT tasks: set data.init_args.task to one of {tasks}.")
+    if task not in tasks:
+        raise UserInputError(f"task '{task}' is not under '{data_dir}'; tasks found: {tasks}.")
+    return os.path.join(data_dir, task), False
 
 
 def read_nucleotide_transformer(data_dir: str, split: str, task: str | None) -> tuple[list[np.ndarray], np.ndarray]:
-    """Sequences and labels of one NT downstream task (columns sequence, label, task)."""
-    sequences, labels = [], []
-    for path in _nt_files(data_dir, split):
-        table = _read_table(path)
+    """Sequences and labels of one NT downstream task in any layout of the module docstring."""
+    folder, filter_rows = resolve_nucleotide_transformer(data_dir, task)
+    files = _nt_files(folder, split)
+    if not files:
+        raise UserInputError(f"no '{split}' split under '{folder}': expected {split}.parquet, {split}.fna, "
+                             f"{split}.csv, {split}/*.parquet or data/{split}-*.parquet next to the train split.")
+    sequences, labels, tasks_seen = [], [], set()
+    for path in files:
+        table = read_labelled_fasta(path) if not path.endswith((".parquet", ".csv")) else _read_table(path)
         missing = {"sequence", "label"} - set(table)
         if missing:
-            raise UserInputError(f"{path}: missing column(s) {sorted(missing)}; expected sequence, label, task.")
-        if "task" in table:
-            if task is None:
-                raise UserInputError(f"{path} holds several tasks {sorted(set(table['task']))[:20]}: "
-                                     "set data.init_args.task.")
-            keep = [i for i, t in enumerate(table["task"]) if t == task]
-        else:
-            keep = list(range(len(table["sequence"])))
-        for i in keep:
+            raise UserInputError(f"{path}: missing column(s) {sorted(missing)}; expected sequence, label "
+                                 "(and name or task).")
+        rows = range(len(table["sequence"]))
+        if filter_rows and "task" in table:
+            names = set(table["task"])
+            tasks_seen |= names
+            if task is None and len(names) > 1:
+                raise UserInputError(f"{path} holds several tasks {sorted(names)[:20]}: set data.init_args.task.")
+            if task is not None:
+                rows = [i for i in rows if table["task"][i] == task]
+        row_offset = 2 if path.endswith(".csv") else 0  # CSV: the file line; parquet: the 0-based row
+        for i in rows:
+            where = f"{path} row {i + row_offset}" if path.endswith((".csv", ".parquet")) else \
+                f"{path} record {i + 1}"
             try:
                 labels.append(int(table["label"][i]))
             except (TypeError, ValueError):
-                raise UserInputError(f"{path} row {i + 2}: label {table['label'][i]!r} is not an integer.") from None
-            sequences.append(encode(str(table["sequence"][i]), f"{path} row {i + 2}"))
+                raise UserInputError(f"{where}: label {table['label'][i]!r} is not an integer.") from None
+            sequences.append(encode(str(table["sequence"][i]), where))
     if not sequences:
-        tasks = sorted(set(_read_table(_nt_files(data_dir, split)[0]).get("task", [])))
-        raise UserInputError(f"task '{task}' has no rows in the {split} split of '{data_dir}'; tasks there: {tasks}.")
+        raise UserInputError(f"task '{task}' has no rows in the {split} split of '{folder}'; tasks there: "
+                             f"{sorted(tasks_seen)}.")
     return sequences, np.asarray(labels, dtype=np.int64)
 
 
-def read_genomic_benchmarks(data_dir: str, split: str, classes: list[str] | None = None
-                            ) -> tuple[list[np.ndarray], np.ndarray, list[str]]:
-    """``<data_dir>/<split>/<class>/<id>.txt``: sequences, labels (sorted class order) and the class names."""
-    root = os.path.join(data_dir, split)
+def resolve_genomic_benchmarks(data_dir: str, dataset: str | None = None) -> str:
+    """The dataset folder (holding ``train/`` and ``test/``) of `data_dir`: itself, or ``<data_dir>/<dataset>`` when
+    `data_dir` is a genomic-benchmarks cache root (``~/.genomic_benchmarks``)."""
+    if not os.path.isdir(data_dir):
+        raise UserInputError(f"'{data_dir}' not found: the Genomic Benchmarks layout is <data_dir>/{{train,test}}/"
+                             "<class_name>/<id>.txt, or the package cache <data_dir>/<dataset_name>/{train,test}/...")
+    if os.path.isdir(os.path.join(data_dir, "train")):
+        return data_dir
+    found = sorted(d for d in os.listdir(data_dir) if os.path.isdir(os.path.join(data_dir, d, "train")))
+    if not found:
+        raise UserInputError(f"'{data_dir}' has neither train/ nor <dataset_name>/train/ folders: the Genomic "
+                             "Benchmarks layout is <data_dir>/{train,test}/<class_name>/<id>.txt (or the package "
+                             "cache root holding <dataset_name>/ folders).")
+    if dataset is None and len(found) == 1:
+        return os.path.join(data_dir, found[0])
+    if dataset is None:
+        raise UserInputError(f"'{data_dir}' holds {len(found)} Genomic Benchmarks datasets: set data.init_args.task "
+                             f"to one of {found}.")
+    if dataset not in found:
+        raise UserInputError(f"dataset '{dataset}' is not under '{data_dir}'; datasets found: {found}.")
+    return os.path.join(data_dir, dataset)
+
+
+def read_genomic_benchmarks(data_dir: str, split: str, classes: list[str] | None = None,
+                            dataset: str | None = None) -> tuple[list[np.ndarray], np.ndarray, list[str]]:
+    """``<data_dir>/<split>/<class>/<id>.txt`` (or ``<data_dir>/<dataset>/<split>/...`` of a cache root):
+    sequences, labels (sorted class order) and the class names."""
+    root = os.path.join(resolve_genomic_benchmarks(data_dir, dataset), split)
     if not os.path.isdir(root):
         raise UserInputError(f"'{root}' not found: the Genomic Benchmarks layout is <data_dir>/{{train,test}}/"
                              "<class_name>/<id>.txt.")
@@ -422,9 +549,10 @@ class DNAClassificationDataModule(_DNADataModule):
 
     Args:
         source: 'synthetic', 'nucleotide_transformer' or 'genomic_benchmarks'. data_dir: local copy of the data.
-        task: NT task name (rows filtered on the `task` column). max_length: longer sequences keep their first
-        bases. val_fraction: seeded hold-out of the training split. synthetic_train / synthetic_test /
-        synthetic_length: sizes of the embedded task.
+        task: which task of a multi-task copy: the NT task folder of a snapshot root (or the value of a flat
+        table's `task` column), or the Genomic Benchmarks dataset folder of a cache root; optional when there is
+        only one. max_length: longer sequences keep their first bases. val_fraction: seeded hold-out of the
+        training split. synthetic_train / synthetic_test / synthetic_length: sizes of the embedded task.
     """
 
     def __init__(self, source: Literal["synthetic", "nucleotide_transformer", "genomic_benchmarks"] = "synthetic",
@@ -459,8 +587,8 @@ class DNAClassificationDataModule(_DNADataModule):
             train, train_y = read_nucleotide_transformer(self.data_dir, "train", self.task)
             test, test_y = read_nucleotide_transformer(self.data_dir, "test", self.task)
             return train, train_y, test, test_y
-        train, train_y, classes = read_genomic_benchmarks(self.data_dir, "train")
-        test, test_y, _ = read_genomic_benchmarks(self.data_dir, "test", classes)
+        train, train_y, classes = read_genomic_benchmarks(self.data_dir, "train", dataset=self.task)
+        test, test_y, _ = read_genomic_benchmarks(self.data_dir, "test", classes, dataset=self.task)
         self.class_names = classes
         return train, train_y, test, test_y
 

@@ -458,6 +458,8 @@ def test_nucleotide_transformer_errors(tmp_path, problem, match):
         (tmp_path / "train.csv").write_text("seq,label,task\nACGT,0,H3\n")
     elif problem == "label":
         _write_nt_csv(tmp_path / "train.csv", [("ACGT", "x", "H3")])
+    elif problem == "notask":  # several tasks in one table (a single one is read without a name)
+        _write_nt_csv(tmp_path / "train.csv", [("ACGT", 0, "H3"), ("ACGT", 1, "H4")])
     else:
         _write_nt_csv(tmp_path / "train.csv", [("ACGT", 0, "H3")])
     task = {"task": "H9", "notask": None}.get(problem, "H3")
@@ -486,6 +488,98 @@ def test_genomic_benchmarks_layout_and_errors(tmp_path):
     with pytest.raises(UserInputError, match="no .txt"):
         read_genomic_benchmarks(str(tmp_path), "train")
 
+
+
+# The released NT downstream-task snapshot (HF InstaDeepAI/nucleotide_transformer_downstream_tasks): one folder per
+# task with train/test parquet (columns sequence, name, label; a task column in later revisions) next to the original
+# FASTA files whose headers are ">name|label"; the dataset's loading script took the label after the last "|".
+NT_H3_TRAIN = [("ACGTAC", "chr1:0-6|0", 0), ("GGGG", "chr2:5-9|1", 1), ("CCAT", "chr3:1-5|0", 0)]
+NT_H3_TEST = [("ACGT", "chr4:0-4|1", 1), ("AATT", "chr5:0-4|0", 0)]
+
+
+def _write_nt_fna(path, rows):
+    # wrapped at 4 bases per line, as FASTA writers do for long records
+    path.write_text("".join(f">{name}\n" + "\n".join(seq[i:i + 4] for i in range(0, len(seq), 4)) + "\n"
+                            for seq, name, _ in rows))
+
+
+def _write_nt_snapshot(root, parquet=True, fna=True):
+    for task, train, test, with_task_column in (("H3", NT_H3_TRAIN, NT_H3_TEST, True),
+                                                ("promoter_tata", NT_H3_TEST, NT_H3_TRAIN, False)):
+        (root / task).mkdir(parents=True)
+        for split, rows in (("train", train), ("test", test)):
+            if parquet:
+                pq = pytest.importorskip("pyarrow.parquet", exc_type=ImportError)
+                import pyarrow as pa
+                columns = {"sequence": [r[0] for r in rows], "name": [r[1] for r in rows],
+                           "label": pa.array([r[2] for r in rows], pa.int32())}
+                if with_task_column:
+                    columns["task"] = [task] * len(rows)
+                pq.write_table(pa.table(columns), root / task / f"{split}.parquet")
+            if fna:
+                _write_nt_fna(root / task / f"{split}.fna", rows)
+
+
+@pytest.mark.parametrize("files", ["parquet", "fna", "both"])
+def test_nucleotide_transformer_snapshot_root(tmp_path, files):
+    _write_nt_snapshot(tmp_path, parquet=files != "fna", fna=files != "parquet")
+    seqs, labels = read_nucleotide_transformer(str(tmp_path), "train", "H3")
+    assert [decode(s) for s in seqs] == [r[0] for r in NT_H3_TRAIN] and labels.tolist() == [0, 1, 0]
+    seqs, labels = read_nucleotide_transformer(str(tmp_path), "test", "promoter_tata")
+    assert [decode(s) for s in seqs] == [r[0] for r in NT_H3_TRAIN] and labels.tolist() == [0, 1, 0]
+    # one task folder given directly reads the same rows
+    seqs, labels = read_nucleotide_transformer(str(tmp_path / "H3"), "test", None)
+    assert [decode(s) for s in seqs] == ["ACGT", "AATT"] and labels.tolist() == [1, 0]
+    dm = DNAClassificationDataModule(source="nucleotide_transformer", data_dir=str(tmp_path), task="H3",
+                                     val_fraction=0.34)
+    dm.setup("fit")
+    assert dm.num_classes == 2 and len(dm.train_set) + len(dm.val_set) == 3 and len(dm.test_set) == 2
+    with pytest.raises(UserInputError, match=r"task 'H9' is not under .*tasks found: \['H3', 'promoter_tata'\]"):
+        DNAClassificationDataModule(source="nucleotide_transformer", data_dir=str(tmp_path), task="H9").setup("fit")
+    with pytest.raises(UserInputError, match=r"2 NT tasks: set data.init_args.task to one of"):
+        read_nucleotide_transformer(str(tmp_path), "train", None)
+
+
+def test_nucleotide_transformer_fna_only_task_is_found_and_headers_checked(tmp_path):
+    (tmp_path / "enhancers").mkdir()
+    _write_nt_fna(tmp_path / "enhancers" / "train.fna", NT_H3_TRAIN)
+    _write_nt_fna(tmp_path / "enhancers" / "test.fna", NT_H3_TEST)
+    seqs, labels = read_nucleotide_transformer(str(tmp_path), "train", None)  # the only task: no name needed
+    assert [decode(s) for s in seqs] == ["ACGTAC", "GGGG", "CCAT"] and labels.tolist() == [0, 1, 0]
+    (tmp_path / "enhancers" / "test.fna").write_text(">chr4:0-4\nACGT\n")
+    with pytest.raises(UserInputError, match=r"test.fna:1: header '>chr4:0-4' does not end in '\|<integer label>'"):
+        read_nucleotide_transformer(str(tmp_path), "test", None)
+    (tmp_path / "enhancers" / "test.fna").unlink()
+    with pytest.raises(UserInputError, match="no 'test' split"):
+        read_nucleotide_transformer(str(tmp_path), "test", None)
+
+
+def _write_genomic_benchmark(folder, classes=("negative", "positive")):
+    for split in ("train", "test"):
+        for label, name in enumerate(classes):
+            (folder / split / name).mkdir(parents=True)
+            for i in range(2):
+                (folder / split / name / f"{i}.txt").write_text("ACGT"[label] * 4 + "\n")
+
+
+def test_genomic_benchmarks_cache_root(tmp_path):
+    # genomic-benchmarks' download_dataset writes ~/.genomic_benchmarks/<dataset_name>/{train,test}/<class>/<id>.txt
+    _write_genomic_benchmark(tmp_path / "human_nontata_promoters")
+    (tmp_path / "fasta").mkdir()  # other cache content without a train/ folder is not a dataset
+    seqs, labels, classes = read_genomic_benchmarks(str(tmp_path), "train")
+    assert classes == ["negative", "positive"] and labels.tolist() == [0, 0, 1, 1] and decode(seqs[2]) == "CCCC"
+    dm = DNAClassificationDataModule(source="genomic_benchmarks", data_dir=str(tmp_path), val_fraction=0.25)
+    dm.setup("fit")
+    assert dm.num_classes == 2 and len(dm.test_set) == 4
+    _write_genomic_benchmark(tmp_path / "demo_coding_vs_intergenomic_seqs", ("coding", "intergenomic"))
+    with pytest.raises(UserInputError, match=r"2 Genomic Benchmarks datasets: set data.init_args.task"):
+        read_genomic_benchmarks(str(tmp_path), "train")
+    dm = DNAClassificationDataModule(source="genomic_benchmarks", data_dir=str(tmp_path),
+                                     task="demo_coding_vs_intergenomic_seqs", val_fraction=0.25)
+    dm.setup("fit")
+    assert dm.class_names == ["coding", "intergenomic"]
+    with pytest.raises(UserInputError, match=r"dataset 'x' is not under .*datasets found: \['demo_coding"):
+        read_genomic_benchmarks(str(tmp_path), "train", dataset="x")
 
 def test_classification_datamodule_errors_and_collate():
     with pytest.raises(UserInputError, match="data_dir"):
