@@ -11,6 +11,8 @@ Sources (``source``)
 * ``lightgcn_txt``: ``data_dir/train.txt`` and ``data_dir/test.txt`` in the LightGCN/NGCF format, one line per
   user ``user item1 item2 ...`` (integers, whitespace-separated; a line with a user and no item is allowed).
   There is no validation file: ``lightgcn_valid_fraction`` of each user's train items is held out (seeded).
+  The file's ids are kept and the sizes are the official LightGCN loader's (largest user / item id in either
+  file + 1); every test edge is kept, also one whose item's only train edge is held out for validation.
 * ``ntssm_triplets``: ``data_dir/train.txt``, ``valid.txt``, ``test.txt`` of the NT-SSM release, one
   ``user item 1`` (or ``user item``) line per interaction, integer ids shared by the three files.
 * ``recbole``: a RecBole atomic ``.inter`` file (``data_dir`` is the file, or a folder holding exactly one).
@@ -21,10 +23,11 @@ Splits (deterministic given ``seed``)
 -------------------------------------
 Sources that are not pre-split (synthetic, recbole, movielens100k) are de-duplicated and split per user at
 random into train/valid/test with ``split`` (default 70/10/20): a user with n interactions gets
-``round(0.2 n)`` test and ``round(0.1 n)`` valid items, but always keeps at least one train item. As in the
-official code (SELFRec), ids are then re-indexed from the **train** split only (sorted raw ids, so files whose
-train ids are already 0..n-1 keep their numbering), and valid/test interactions whose user or item never
-occurs in train are **dropped**, with a logged count (``dropped`` attribute). Train pairs are de-duplicated;
+``round(0.2 n)`` test and ``round(0.1 n)`` valid items, but always keeps at least one train item. For these
+and ``ntssm_triplets``, as in the official NT-SSM code (SELFRec), ids are then re-indexed from the **train**
+split only (sorted raw ids, so files whose train ids are already 0..n-1 keep their numbering), and valid/test
+interactions whose user or item never occurs in train are **dropped**, with a logged count (``dropped``
+attribute). ``lightgcn_txt`` keeps the file's ids and drops nothing (above). Train pairs are de-duplicated;
 valid/test pairs are de-duplicated within each file.
 
 Batches
@@ -69,7 +72,7 @@ _STREAM_GRAPH, _STREAM_SPLIT, _STREAM_NEGATIVE = 11, 12, 13
 
 @dataclass
 class GraphSplit:
-    """Train/valid/test (user, item) arrays with contiguous ids defined by the train split."""
+    """Train/valid/test (user, item) arrays, ids in [0, num_users) x [0, num_items) (see the module docstring)."""
 
     train: tuple[np.ndarray, np.ndarray]
     valid: tuple[np.ndarray, np.ndarray]
@@ -141,7 +144,8 @@ class GraphRecDataModule(LightningDataModule):
                      len(d.valid[0]), len(d.test[0]), d.dropped)
             if d.dropped["valid"] or d.dropped["test"]:
                 log.warning("dropped %d valid and %d test interactions whose user or item is not in train "
-                            "(as the official code does)", d.dropped["valid"], d.dropped["test"])
+                            "(ids are re-indexed from the train split, as SELFRec, the NT-SSM code base, does)",
+                            d.dropped["valid"], d.dropped["test"])
         return self._data
 
     @property
@@ -169,16 +173,28 @@ class GraphRecDataModule(LightningDataModule):
             data = read_recbole_inter(path)
             return self._split_and_index(data.users, data.items)
         if self.source == "lightgcn_txt":
-            train = read_lightgcn_txt(_require_file(self.data_dir, "train.txt", "lightgcn_txt"))
-            test = read_lightgcn_txt(_require_file(self.data_dir, "test.txt", "lightgcn_txt"))
-            train = _unique_pairs(*train)
-            rng = np.random.default_rng([self.seed, _STREAM_SPLIT])
-            part = per_user_split(train[0], (1 - hp.lightgcn_valid_fraction, hp.lightgcn_valid_fraction, 0.0), rng)
-            return reindex_by_train((train[0][part == 0], train[1][part == 0]),
-                                    (train[0][part == 1], train[1][part == 1]), _unique_pairs(*test))
+            return self._load_lightgcn_txt()
         parts = [_unique_pairs(*read_integer_pairs(_require_file(self.data_dir, name, "ntssm_triplets")))
                  for name in ("train.txt", "valid.txt", "test.txt")]
         return reindex_by_train(*parts)
+
+    def _load_lightgcn_txt(self) -> GraphSplit:
+        """train.txt/test.txt with the file's ids, sized as the official LightGCN loader: users (items) = the
+        largest user (item) id in either file + 1 (a user line without items counts). Every test edge is kept;
+        the validation hold-out is drawn from train.txt and keeps its ids too (an item whose only train edge is
+        held out stays in the catalogue, isolated in the train graph)."""
+        train_path = _require_file(self.data_dir, "train.txt", "lightgcn_txt")
+        test_path = _require_file(self.data_dir, "test.txt", "lightgcn_txt")
+        train_users, train_items, train_max_user = _read_lightgcn_lines(train_path)
+        test_users, test_items, test_max_user = _read_lightgcn_lines(test_path)
+        num_users = max(train_max_user, test_max_user) + 1
+        num_items = int(max(train_items.max(), test_items.max() if len(test_items) else -1)) + 1
+        train = _unique_pairs(train_users, train_items)
+        fraction = self.hparams.lightgcn_valid_fraction
+        part = per_user_split(train[0], (1 - fraction, fraction, 0.0),
+                              np.random.default_rng([self.seed, _STREAM_SPLIT]))
+        return GraphSplit((train[0][part == 0], train[1][part == 0]), (train[0][part == 1], train[1][part == 1]),
+                          _unique_pairs(test_users, test_items), num_users, num_items, {"valid": 0, "test": 0})
 
     def _split_and_index(self, users: np.ndarray, items: np.ndarray) -> GraphSplit:
         users, items = _unique_pairs(users, items)
@@ -399,7 +415,13 @@ def clustered_popularity_graph(num_users: int, num_items: int, num_clusters: int
 # ============================================================================================ readers
 def read_lightgcn_txt(path: str) -> tuple[np.ndarray, np.ndarray]:
     """LightGCN/NGCF ``user item1 item2 ...`` lines (integers) -> (users, items) in file order."""
-    users, items = [], []
+    users, items, _ = _read_lightgcn_lines(path)
+    return users, items
+
+
+def _read_lightgcn_lines(path: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """`read_lightgcn_txt` plus the largest user id of any line (a line may hold a user and no item)."""
+    users, items, max_user = [], [], -1
     for line_number, fields in iter_fields(path):
         try:
             ids = [int(x) for x in fields]
@@ -410,9 +432,10 @@ def read_lightgcn_txt(path: str) -> tuple[np.ndarray, np.ndarray]:
             raise UserInputError(f"{path}, line {line_number}: ids must be non-negative integers.")
         users.extend([ids[0]] * (len(ids) - 1))
         items.extend(ids[1:])
+        max_user = max(max_user, ids[0])
     if not users:
         raise UserInputError(f"{path} holds no interactions (expected 'user item1 item2 ...' lines).")
-    return np.asarray(users, dtype=np.int64), np.asarray(items, dtype=np.int64)
+    return np.asarray(users, dtype=np.int64), np.asarray(items, dtype=np.int64), max_user
 
 
 def read_integer_pairs(path: str) -> tuple[np.ndarray, np.ndarray]:

@@ -297,9 +297,28 @@ def test_lightgcn_txt_reader_and_valid_holdout(tmp_path):
     assert read_lightgcn_txt(str(tmp_path / "train.txt"))[1].tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 1, 2]
     dm = GraphRecDataModule(source="lightgcn_txt", data_dir=str(tmp_path), lightgcn_valid_fraction=0.25, seed=3)
     # user 0: round(0.25 * 8) = 2 of 8 held out, user 1: round(0.5) = 1 of 2; user 2 has no item
-    assert len(dm.data.train[0]) == 7 and len(dm.data.valid[0]) + dm.dropped["valid"] == 3
-    assert dm.dropped["test"] >= 1 and dm.num_items <= 8  # item 8 never occurs in train -> its test row dropped
-    assert dm.num_users == 2
+    assert len(dm.data.train[0]) == 7 and len(dm.data.valid[0]) == 3 and dm.dropped == {"valid": 0, "test": 0}
+    # the official loader's sizes: the largest id in either file + 1 (item 8 occurs only in test, user 2 has no item)
+    assert (dm.num_users, dm.num_items) == (3, 9)
+    assert sorted(zip(*dm.data.test)) == [(0, 8), (1, 3)]
+
+
+def test_lightgcn_txt_keeps_the_file_ids_when_an_item_is_only_in_the_holdout(tmp_path):
+    """Items 5 and 6 occur only in user 0's train line and one of them is held out for validation: it must keep its
+    id (no shift of the higher ids) and its test edges, as in the official LightGCN loader (sizes = max id + 1)."""
+    _write(tmp_path / "train.txt", "0 5 6\n1 0 1 7\n2 2 3 4\n")
+    _write(tmp_path / "test.txt", "1 5\n1 6\n2 7\n4 0\n")  # user 4 occurs only in test
+    dm = GraphRecDataModule(source="lightgcn_txt", data_dir=str(tmp_path), lightgcn_valid_fraction=0.5, seed=0)
+    train, valid = set(zip(*dm.data.train)), set(zip(*dm.data.valid))
+    assert {(0, 5), (0, 6)} & valid and len({(0, 5), (0, 6)} & train) == 1  # one of them only in the hold-out
+    assert train | valid == {(0, 5), (0, 6), (1, 0), (1, 1), (1, 7), (2, 2), (2, 3), (2, 4)} and not train & valid
+    assert sorted(zip(*dm.data.test)) == [(1, 5), (1, 6), (2, 7), (4, 0)]  # every test edge, the file's ids
+    assert (dm.num_users, dm.num_items) == (5, 8) and dm.dropped == {"valid": 0, "test": 0}
+    dm.setup("fit")
+    batch = dm.test_set.__getitems__(list(range(len(dm.test_set))))
+    assert batch["users"].tolist() == [1, 2, 4]
+    assert batch["target_items"].tolist() == [[5, 6], [7, -1], [0, -1]]
+    assert dm.train_edge_index().max(1).values.tolist() == [2, 7]
 
 
 def test_recbole_source_is_split_per_user(tmp_path):
