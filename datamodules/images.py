@@ -7,6 +7,8 @@ Datasets and the formats read
 * ``cifar10``: the official "python version" pickles, ``cifar-10-batches-py/data_batch_1..5`` and
   ``test_batch``, each a dict with ``b'data'`` (N x 3072 uint8, channel-major 3x32x32) and ``b'labels'``.
 * ``cifar100``: ``cifar-100-python/train`` and ``test`` with ``b'data'`` and ``b'fine_labels'`` (100 classes).
+  ``class_names`` come from the release's ``meta`` (``fine_label_names``; CIFAR-10: ``batches.meta``,
+  ``label_names``); without that file CIFAR-10 uses its published names and CIFAR-100 the label numbers.
   For both CIFARs ``data_dir`` may be the ``cifar-*`` folder itself or the folder that contains it.
 * ``imagefolder``: ``data_dir/train/<class_name>/*.{png,jpg,jpeg}`` and ``data_dir/test/<class_name>/...``.
   Classes are the sorted names of the ``train`` subfolders, and ``test`` must have exactly the same ones.
@@ -15,8 +17,8 @@ Datasets and the formats read
 Nothing is ever downloaded: CIFAR and ImageFolder data are read from a local ``data_dir`` that the user
 provides, and every missing or malformed file raises `UserInputError` naming the file and what was expected.
 The readers (shared with the other image datamodules) are in `datamodules.readers`.
-The CIFAR files are Python pickles, which can execute code when loaded: they are only read from that
-user-provided local folder, which is therefore trusted. Point it only at files from the official source.
+The CIFAR files are Python pickles: they are read with a restricted unpickler that loads only what the release
+holds (dicts, lists, strings, numbers and numpy arrays) and refuses any other object without running it.
 
 Pixel convention
 ----------------
@@ -55,7 +57,7 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from datamodules.readers import (CIFAR10_CLASSES, CIFAR_LAYOUT, VAL_SPLIT_STREAM, FileImages, TensorImages,
+from datamodules.readers import (CIFAR_LAYOUT, VAL_SPLIT_STREAM, FileImages, TensorImages, cifar_class_names,
                                 find_cifar_dir, load_cifar, load_digits_images, require_data_dir, scan_image_folder,
                                 stratified_split)
 from datamodules.sampling import evaluation_sampler, mix_seed, training_sampler
@@ -135,7 +137,7 @@ class ImageClassificationDataModule(LightningDataModule):
             self._check_native_size(resize_to, 32)
             self.data_dir = find_cifar_dir(dataset, data_dir)
             self.num_classes, self.in_channels, self.image_size = CIFAR_LAYOUT[dataset][4], 3, 32
-            self.class_names = list(CIFAR10_CLASSES) if dataset == "cifar10" else [str(c) for c in range(100)]
+            self.class_names = cifar_class_names(dataset, self.data_dir)
         else:
             size = 32 if resize_to is None else resize_to
             if isinstance(size, bool) or not isinstance(size, int):

@@ -7,7 +7,10 @@ the file and what was expected when a file is missing or malformed.
   train/test split (seed ``DIGITS_TEST_SEED``), integer pixels 0..16.
 * `find_cifar_dir` / `load_cifar` / `read_cifar_file`: the official CIFAR "python version" pickles
   (``cifar-10-batches-py/data_batch_1..5``, ``test_batch``; ``cifar-100-python/train``, ``test``), laid out in
-  ``CIFAR_LAYOUT``. The pickles can execute code when loaded: they are only read from the user's own folder.
+  ``CIFAR_LAYOUT``; `cifar_class_names` reads the class names from the release's ``batches.meta`` / ``meta``.
+* `load_release_pickle`: every pickle of a release (CIFAR, the ImageNet-32 pickle release) is read with a
+  restricted unpickler that resolves only the globals such files contain (numpy's array reconstruction and
+  ``_codecs.encode``), so a tampered file is refused with a message instead of running code.
 * `check_rgb32_arrays`: the checks of a 32x32 RGB release stored as (N, 3072) uint8 rows (CIFAR, ImageNet-32).
 * `scan_image_folder`: ``train/<class>/*.{png,jpg,jpeg}`` and ``test/<class>/...`` trees (`FileImages`).
 * `stratified_split`: per-class held-out fraction; the image datamodules draw their validation split with the
@@ -41,6 +44,17 @@ CIFAR_LAYOUT = {
                 "labels", 10),
     "cifar100": ("cifar-100-python", ["train"], ["test"], "fine_labels", 100),
 }
+# the release's class-name file and its key (a list of names, one per label)
+CIFAR_META = {"cifar10": ("batches.meta", "label_names"), "cifar100": ("meta", "fine_label_names")}
+# Every global a numpy-array pickle refers to, from Python 2's cPickle (the CIFAR release) to numpy 2 with pickle
+# protocol 5; nothing else is resolved while loading a release pickle.
+RELEASE_PICKLE_GLOBALS = frozenset({
+    ("numpy", "ndarray"), ("numpy", "dtype"),
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+    ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+    ("_codecs", "encode"),  # bytes pickled by Python 3 with protocol 2
+})
 
 
 # ==================================================================================== pixel sources
@@ -133,6 +147,24 @@ def load_cifar(dataset: str, root: str) -> tuple[TensorImages, TensorImages]:
                  for files in parts)
 
 
+def cifar_class_names(dataset: str, root: str) -> list[str]:
+    """Class names of label 0, 1, ... from the release's ``batches.meta`` (CIFAR-10, ``label_names``) or ``meta``
+    (CIFAR-100, ``fine_label_names``). Without the file: CIFAR-10's published names, CIFAR-100's label numbers."""
+    meta_name, key = CIFAR_META[dataset]
+    num_classes = CIFAR_LAYOUT[dataset][4]
+    path = os.path.join(root, meta_name)
+    if not os.path.isfile(path):
+        return list(CIFAR10_CLASSES) if dataset == "cifar10" else [str(c) for c in range(num_classes)]
+    meta = load_release_pickle(path, "CIFAR meta file")
+    names = meta.get(key.encode(), meta.get(key)) if isinstance(meta, dict) else None
+    if not isinstance(names, (list, tuple)) or len(names) != num_classes or \
+            not all(isinstance(n, (bytes, str)) for n in names):
+        raise UserInputError(f"CIFAR meta file '{path}' must be a dict whose b'{key}' lists {num_classes} class "
+                             "names (the official release's format); re-extract it, or remove the file to name "
+                             "the classes by their numbers.")
+    return [n.decode("latin1") if isinstance(n, bytes) else n for n in names]
+
+
 def check_rgb32_arrays(source: str, data: np.ndarray, labels: np.ndarray, data_name: str, labels_name: str,
                        label_min: int, label_max: int) -> None:
     """Validate the (N, 3072) uint8 pixel rows and N integer labels of a 32x32 RGB release (CIFAR, ImageNet-32)."""
@@ -149,20 +181,43 @@ def check_rgb32_arrays(source: str, data: np.ndarray, labels: np.ndarray, data_n
                              f"(min {labels.min()}, max {labels.max()}).")
 
 
+class _ReleaseUnpickler(pickle.Unpickler):
+    """Resolves only `RELEASE_PICKLE_GLOBALS`: dicts, lists, str/bytes, numbers and numpy arrays load; a pickle
+    that refers to any other callable (``os.system``, ``builtins.eval``, ...) is refused before it is called."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in RELEASE_PICKLE_GLOBALS:
+            raise _RefusedGlobal(f"{module}.{name}")
+        return super().find_class(module, name)
+
+
+class _RefusedGlobal(pickle.UnpicklingError):
+    pass
+
+
+def load_release_pickle(path: str, what: str, encoding: str = "bytes"):
+    """Load one pickle of a public release (`what` names it in errors) with the restricted unpickler."""
+    try:
+        with open(path, "rb") as f:
+            return _ReleaseUnpickler(f, encoding=encoding).load()
+    except _RefusedGlobal as err:
+        raise UserInputError(f"{what} '{path}' refers to {err}, which the official release never contains: "
+                             "refused without loading it (it could run code). Replace it with the file from the "
+                             "official archive.") from None
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError,
+            IndexError, KeyError, OSError, UnicodeDecodeError) as err:
+        raise UserInputError(f"{what} '{path}' is not a readable pickle ({type(err).__name__}: {err}). "
+                             "It is truncated or of another format: re-extract the official archive."
+                             ) from None
+
+
 def read_cifar_file(path: str, label_key: str, num_classes: int) -> tuple[Tensor, Tensor]:
     """One CIFAR pickle -> (uint8 pixels N x 3 x 32 x 32, long labels N), validating keys, shapes and ranges.
 
-    SECURITY: pickle can run code while loading. This only reads files from the user-provided local
-    `data_dir`, which is trusted like any code the user runs; never point it at files of unknown origin.
+    Read with the restricted unpickler of `load_release_pickle`: only numpy arrays, dicts, lists, strings and
+    numbers load, anything else is refused without being executed.
     """
-    try:
-        with open(path, "rb") as f:
-            batch = pickle.load(f, encoding="bytes")
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError,
-            IndexError, KeyError, OSError) as err:
-        raise UserInputError(f"CIFAR file '{path}' is not a readable pickle ({type(err).__name__}: {err}). "
-                             "It is truncated or of another format: re-extract the official archive."
-                             ) from None
+    batch = load_release_pickle(path, "CIFAR file")
     if not isinstance(batch, dict):
         raise UserInputError(f"CIFAR file '{path}' holds a {type(batch).__name__}, expected a dict with keys "
                              f"b'data' and b'{label_key}'.")

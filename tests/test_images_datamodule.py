@@ -423,3 +423,84 @@ def test_imagefolder_bad_image_size(tmp_path):
     _raises("resize_to=0 is out of range", dataset="imagefolder", data_dir=str(root), resize_to=0)
     _raises(r"forget_class=3 is out of range.*\[0, 2\]", dataset="imagefolder", data_dir=str(root),
             forget_class=3)
+
+
+# ------------------------------------------------------------------ release pickles, as the release writes them
+class _Python2Pickler(pickle._Pickler):
+    """Writes bytes as Python 2 ``str`` opcodes (SHORT_BINSTRING / BINSTRING), as the cPickle that wrote the CIFAR
+    release did; read back with ``encoding='bytes'`` they are bytes again."""
+    dispatch = dict(pickle._Pickler.dispatch)
+
+    def _save_py2_str(self, obj):
+        n = len(obj)
+        self.write(pickle.SHORT_BINSTRING + bytes([n]) + obj if n < 256
+                   else pickle.BINSTRING + n.to_bytes(4, "little") + obj)
+        self.memoize(obj)
+
+    dispatch[bytes] = _save_py2_str
+
+
+def _write_release_pickle(path, obj, protocol):
+    with open(path, "wb") as f:
+        if protocol == "python2":
+            _Python2Pickler(f, protocol=2).dump(obj)
+        else:
+            pickle.dump(obj, f, protocol=protocol)
+
+
+@pytest.mark.parametrize("protocol", ["python2", 2, 4, 5])
+def test_cifar_release_pickles_load_through_the_restricted_unpickler(tmp_path, protocol):
+    """The official layout (torchvision's reader reads the same files): batches with b'data' uint8 (N, 3072) and
+    b'labels' / b'fine_labels' lists, plus the class-name files, in every pickle dialect numpy arrays come in."""
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "cifar-100-python"
+    folder.mkdir()
+    batches = {name: _cifar_batch(100, per, rng, "fine_labels") for name, per in (("train", 3), ("test", 1))}
+    for name, batch in batches.items():
+        batch[b"coarse_labels"] = [c % 20 for c in batch[b"fine_labels"]]
+        _write_release_pickle(folder / name, batch, protocol)
+    fine_names = [f"class_{c:02d}".encode() for c in range(100)]
+    _write_release_pickle(folder / "meta", {b"fine_label_names": fine_names,
+                                            b"coarse_label_names": [b"super"] * 20}, protocol)
+    dm = ImageClassificationDataModule(dataset="cifar100", data_dir=str(tmp_path), batch_size=8)
+    assert dm.class_names == [n.decode() for n in fine_names]          # the release's own names, label order
+    dm.setup()
+    test = batches["test"]
+    assert torch.equal(dm.test_set.labels, torch.tensor(test[b"fine_labels"]))
+    expected = torch.from_numpy(test[b"data"][:1].reshape(3, 32, 32)).float() / 255
+    assert torch.allclose(dm.test_set.source.pixels(0), expected)
+
+
+def test_cifar10_class_names_come_from_batches_meta(tmp_path):
+    folder = make_cifar10(tmp_path)[0]
+    assert ImageClassificationDataModule(dataset="cifar10", data_dir=str(folder)).class_names[0] == "airplane"
+    names = [f"name{c}".encode() for c in range(10)]
+    _write_release_pickle(folder / "batches.meta", {b"num_cases_per_batch": 20, b"label_names": names,
+                                                    b"num_vis": 3072}, "python2")
+    assert ImageClassificationDataModule(dataset="cifar10", data_dir=str(folder)).class_names == \
+        [f"name{c}" for c in range(10)]
+    _write_release_pickle(folder / "batches.meta", {b"label_names": names[:9]}, 4)
+    _raises(r"batches.meta' must be a dict whose b'label_names' lists 10 class names", dataset="cifar10",
+            data_dir=str(folder))
+
+
+class _RunsCode:
+    def __init__(self, call, args):
+        self.call, self.args = call, args
+
+    def __reduce__(self):
+        return self.call, self.args
+
+
+@pytest.mark.parametrize("call", [os.system, open])
+@pytest.mark.parametrize("file_name", ["data_batch_3", "batches.meta"])
+def test_cifar_pickle_that_runs_code_is_refused_without_running_it(cifar10, tmp_path, call, file_name):
+    marker = tmp_path / "ran"
+    args = (f"touch {marker}",) if call is os.system else (str(marker), "w")
+    payload = {b"data": np.zeros((20, 3072), np.uint8), b"labels": [0] * 20, b"x": _RunsCode(call, args)}
+    _write_pickle(cifar10[0] / file_name, payload)
+    with pytest.raises(UserInputError, match=rf"{file_name}' refers to .*(system|open), which the official release "
+                                             r"never contains: refused"):
+        dm = ImageClassificationDataModule(dataset="cifar10", data_dir=str(cifar10[0]))
+        dm.setup()
+    assert not marker.exists()
