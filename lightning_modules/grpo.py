@@ -33,8 +33,9 @@ One training step (one batch of M prompts, everything vectorised over ONE padded
 Logged every step (``train/``): reward, effective_ratio_response (fraction of rollouts whose group has non-zero
 reward variance, i.e. 0 < c < N for binary rewards: the Knapsack paper's response-level ratio),
 effective_ratio_prompt (fraction of prompts), solve_none / solve_partial / solve_all (prompts with 0, some, all
-rollouts correct, correct = reward > 0.5), rollouts (this step, both stages), cumulative_rollouts, entropy
-(token-mean policy entropy on the rollouts), completion_length, loss, clip_fraction, kl, and the allocator's
+rollouts correct; correct is the reward's flag, `RewardFunction.evaluate`, i.e. reward > 0.5 for binary rewards),
+rollouts (this step, both stages), cumulative_rollouts, entropy (token-mean policy entropy on the rollouts),
+completion_length, loss (under data parallelism this rank's share), clip_fraction, kl, and the allocator's
 ``allocation/*`` metrics. `GRPO.last_rollouts` keeps the step's per-rollout tensors for experiment callbacks.
 
 Evaluation (``val/`` and ``test/``): ``eval_samples`` samples per prompt at ``eval_temperature``; pass@k for every
@@ -60,6 +61,7 @@ import math
 from typing import Literal
 
 import torch
+import torch.utils.checkpoint
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 
@@ -74,10 +76,23 @@ from lightning_modules.rollouts import KVCacheSampler, RolloutEngine
 
 # --------------------------------------------------------------------------------------------- rewards
 class RewardFunction:
-    """Base class of verifiable rewards: one float per completion plus metrics to log (means)."""
+    """Base class of verifiable rewards: one float per completion plus metrics to log (means).
+
+    ``evaluate`` also says which completions are *correct* (what solve rates, pass@k, greedy accuracy and the
+    rollout allocators' success estimates count). The default treats the reward as binary (correct = reward > 0.5);
+    a graded reward (e.g. Multi-RLCR's format + accuracy + Brier, where a well-formed wrong set scores above 0.5)
+    overrides ``evaluate`` with its own flag.
+    """
 
     def __call__(self, completions: list[str], answers: list[list[str]]) -> tuple[torch.Tensor, dict[str, float]]:
         raise NotImplementedError
+
+    def evaluate(self, completions: list[str], answers: list[list[str]],
+                 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        """(rewards [R], correct BoolTensor[R], metrics)."""
+        rewards, metrics = self(completions, answers)
+        rewards = torch.as_tensor(rewards, dtype=torch.float32)
+        return rewards, rewards > 0.5, metrics
 
 
 class ExactMatchReward(RewardFunction):
@@ -89,6 +104,8 @@ class ExactMatchReward(RewardFunction):
     """
 
     def __init__(self, extract: bool = True, wrong_reward: float = 0.0) -> None:
+        check_range("ExactMatchReward.wrong_reward (a wrong completion must score below the 0.5 that marks a "
+                    "correct one)", wrong_reward, high=0.5, high_inclusive=False)
         self.extract, self.wrong_reward = extract, wrong_reward
 
     def __call__(self, completions, answers):
@@ -100,11 +117,13 @@ class ExactMatchReward(RewardFunction):
 
 # --------------------------------------------------------------------------------------------- math
 def group_statistics(rewards: torch.Tensor, group_index: torch.Tensor, num_groups: int,
-                     threshold: float = 0.5) -> dict[str, torch.Tensor]:
-    """Per group: ``count``, ``correct`` (reward > threshold), ``mixed`` (non-zero reward variance), ``mean``."""
+                     threshold: float = 0.5, correct: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Per group: ``count``, ``correct`` (rollouts flagged ``correct``; without flags reward > threshold),
+    ``mixed`` (non-zero reward variance), ``mean``."""
     count = torch.zeros(num_groups, dtype=torch.long, device=rewards.device).index_add_(
         0, group_index, torch.ones_like(group_index))
-    correct = torch.zeros_like(count).index_add_(0, group_index, (rewards > threshold).long())
+    flags = rewards > threshold if correct is None else correct.to(rewards.device).bool()
+    correct = torch.zeros_like(count).index_add_(0, group_index, flags.long())
     rewards = rewards.float()
     total = torch.zeros(num_groups, device=rewards.device).index_add_(0, group_index, rewards)
     high = torch.full((num_groups,), -math.inf, device=rewards.device).scatter_reduce_(0, group_index, rewards, "amax")
@@ -194,18 +213,57 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
     return loss, {k: v.detach() for k, v in metrics.items()}
 
 
-def completion_logprobs(policy: nn.Module, sequences: torch.Tensor, mask: torch.Tensor, prompt_length: int,
-                        temperature: float, with_entropy: bool = False, entropy_grad: bool = False):
-    """Log-probs [R, T] of the completion tokens (positions >= prompt_length) under `policy` at `temperature`,
-    and (``with_entropy``) the per-token entropy, differentiable only if ``entropy_grad``."""
-    logits = policy(sequences, attention_mask=mask)[0][:, prompt_length - 1:-1].float() / temperature
-    logp = torch.log_softmax(logits, dim=-1)
-    token_logp = logp.gather(-1, sequences[:, prompt_length:, None]).squeeze(-1)
+LOGPROB_CHUNK_ELEMENTS = 2 ** 26  # fp32 elements of one [rows, positions, vocab] chunk (256 MB)
+
+
+def _chunk_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
+    """Chosen-token log-prob (gather minus logsumexp) and entropy of one chunk of positions (fp32)."""
+    z = logits.float() / temperature
+    lse = torch.logsumexp(z, dim=-1)
+    token_logp = z.gather(-1, targets[..., None]).squeeze(-1) - lse
     if not with_entropy:
         return token_logp, None
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        entropy = -(logp.exp() * logp).sum(-1)
-    return token_logp, entropy
+    logp = z - lse[..., None]
+    return token_logp, -(logp.exp() * logp).sum(-1)
+
+
+def completion_logprobs(policy: nn.Module, sequences: torch.Tensor, mask: torch.Tensor, prompt_length: int,
+                        temperature: float, with_entropy: bool = False, entropy_grad: bool = False,
+                        chunk_elements: int = LOGPROB_CHUNK_ELEMENTS):
+    """Log-probs [R, T] of the completion tokens (positions >= prompt_length) under `policy` at `temperature`,
+    and (``with_entropy``) the per-token entropy, differentiable only if ``entropy_grad``.
+
+    Memory: the policy's logits are the only full-vocabulary tensor. The chosen token's log-prob is its logit
+    minus the logsumexp, and the entropy is computed, in chunks of positions holding at most ``chunk_elements``
+    vocabulary entries; with gradients each chunk is recomputed in backward (activation checkpointing), so no
+    full-size fp32 copy, log-softmax or softmax of the logits is ever built (values and gradients equal the
+    direct ``log_softmax`` computation up to float rounding).
+    """
+    logits = policy(sequences, attention_mask=mask)[0][:, prompt_length - 1:-1]
+    targets = sequences[:, prompt_length:]
+    rows, positions, vocab = logits.shape
+    step = max(1, int(chunk_elements) // max(1, rows * vocab))
+    track = torch.is_grad_enabled() and logits.requires_grad
+    entropy_tracked = with_entropy and entropy_grad and track
+    token_parts, entropy_parts = [], []
+    for start in range(0, positions, step):
+        part, part_targets = logits[:, start:start + step], targets[:, start:start + step]
+        if track:
+            token_logp, entropy = torch.utils.checkpoint.checkpoint(
+                _chunk_logprobs, part, part_targets, temperature, entropy_tracked, use_reentrant=False)
+        else:
+            token_logp, entropy = _chunk_logprobs(part, part_targets, temperature, with_entropy)
+        if with_entropy and not entropy_tracked:
+            if entropy is None:
+                with torch.no_grad():
+                    entropy = _chunk_logprobs(part, part_targets, temperature, True)[1]
+            entropy = entropy.detach()
+        token_parts.append(token_logp)
+        entropy_parts.append(entropy)
+    token_logp = torch.cat(token_parts, 1) if token_parts else logits.new_zeros(rows, 0, dtype=torch.float32)
+    if not with_entropy:
+        return token_logp, None
+    return token_logp, torch.cat(entropy_parts, 1) if entropy_parts else token_logp.detach().clone()
 
 
 def decode_completions(tokens: torch.Tensor, mask: torch.Tensor, tokenizer) -> list[str]:
@@ -350,10 +408,17 @@ class GRPO(PaperModule):
         finally:
             self.policy.train(training)
 
-    def score(self, tokens, mask, group_index, answers) -> tuple[torch.Tensor, dict[str, float]]:
+    def score(self, tokens, mask, group_index, answers) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        """(rewards [R], correct BoolTensor[R], reward metrics) of the rollouts (`RewardFunction.evaluate`)."""
         completions = decode_completions(tokens, mask, self.tokenizer)
-        rewards, metrics = self.reward(completions, [answers[int(g)] for g in group_index.tolist()])
-        return torch.as_tensor(rewards, dtype=torch.float32, device=self.device), metrics
+        rewards, correct, metrics = self.reward.evaluate(completions, [answers[int(g)] for g in group_index.tolist()])
+        return (torch.as_tensor(rewards, dtype=torch.float32, device=self.device),
+                torch.as_tensor(correct, dtype=torch.bool, device=self.device), metrics)
+
+    def _successes(self, rewards: torch.Tensor, correct: torch.Tensor) -> torch.Tensor:
+        """What the allocator counts as a success (its own ``success_threshold`` when set, else ``correct``)."""
+        successes = getattr(self.rollout_allocator, "successes", None)
+        return correct if successes is None else successes(rewards, correct).to(correct.device)
 
     # ------------------------------------------------------------------ training
     def training_step(self, batch: dict, batch_idx: int):
@@ -367,68 +432,120 @@ class GRPO(PaperModule):
         else:
             counts = torch.full((num_prompts,), h.rollouts_per_prompt, dtype=torch.long, device=self.device)
         tokens, mask, group_index = self.generate(batch, counts, h.temperature, generator)
-        rewards, reward_metrics = self.score(tokens, mask, group_index, batch["answers"])
+        rewards, correct, reward_metrics = self.score(tokens, mask, group_index, batch["answers"])
         first_stage = rewards.numel()
         if self.rollout_allocator is not None:
-            stats = group_statistics(rewards, group_index, num_prompts)
+            stats = group_statistics(rewards, group_index, num_prompts, correct=self._successes(rewards, correct))
             extra = torch.as_tensor(self.rollout_allocator.second_stage(prompt_ids.cpu(), counts.cpu(),
                                                                         stats["correct"].cpu()), dtype=torch.long)
             if int(extra.sum()) > 0:
                 tokens2, mask2, group2 = self.generate(batch, extra.to(self.device), h.temperature, generator)
-                rewards2, metrics2 = self.score(tokens2, mask2, group2, batch["answers"])
+                rewards2, correct2, metrics2 = self.score(tokens2, mask2, group2, batch["answers"])
                 n1, n2 = rewards.numel(), rewards2.numel()
                 reward_metrics = {k: (v * n1 + metrics2.get(k, v) * n2) / (n1 + n2) for k, v in reward_metrics.items()}
                 tokens, mask = _pad_cat(tokens, tokens2, self.tokenizer.pad_id), _pad_cat(mask, mask2, False)
                 group_index, rewards = torch.cat([group_index, group2]), torch.cat([rewards, rewards2])
+                correct = torch.cat([correct, correct2])
                 order = torch.argsort(group_index, stable=True)  # keep each prompt's rollouts contiguous
                 tokens, mask, group_index, rewards = tokens[order], mask[order], group_index[order], rewards[order]
-        stats = group_statistics(rewards, group_index, num_prompts)
+                correct = correct[order]
+        stats = group_statistics(rewards, group_index, num_prompts, correct=correct)
         advantages = group_advantages(rewards, group_index, h.scale_by_group_std)
         if h.advantage_clip is not None:
             advantages = advantages.clamp(-h.advantage_clip, h.advantage_clip)
         keep = stats["mixed"][group_index] if h.drop_zero_variance_groups else torch.ones_like(rewards, dtype=bool)
         if self.rollout_allocator is not None:
-            self.rollout_allocator.observe(prompt_ids.cpu(), rewards.cpu(), group_index.cpu())
+            self.rollout_allocator.observe(prompt_ids.cpu(), rewards.cpu(), group_index.cpu(), correct=correct.cpu())
         self.cumulative_rollouts += rewards.numel()
         self.last_rollouts = {"prompt_ids": prompt_ids.cpu(), "group_index": group_index.cpu(),
                               "rewards": rewards.cpu(), "tier": batch["tier"].cpu(), "counts": stats["count"].cpu(),
-                              "correct": stats["correct"].cpu(), "advantages": advantages.cpu()}
+                              "correct": stats["correct"].cpu(), "correct_per_rollout": correct.cpu(),
+                              "advantages": advantages.cpu()}
         update = self.update(batch, tokens[keep], mask[keep], group_index[keep], advantages[keep], generator)
         self._log_step(stats, rewards, mask, reward_metrics, update, first_stage, num_prompts)
 
+    # -- data parallelism: every rank must take the same number of synchronised backward passes
+    def _world_size(self) -> int:
+        trainer = self._trainer
+        return int(trainer.world_size) if trainer is not None else 1
+
+    def _agree(self, values: list[float]) -> torch.Tensor:
+        """[world, len(values)]: every rank's values (one all-gather; the local row alone in one process)."""
+        local = torch.tensor(values, dtype=torch.float64, device=self.device)
+        if self._world_size() == 1 or not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return local[None]
+        gathered = [torch.zeros_like(local) for _ in range(torch.distributed.get_world_size())]
+        torch.distributed.all_gather(gathered, local)
+        return torch.stack(gathered)
+
+    def _padding_backward(self) -> None:
+        """A backward pass whose gradient is exactly zero on every trainable parameter: it adds nothing but makes
+        the data-parallel reducer fire, so ranks with fewer (or no) rollouts keep in step with the others."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        self.manual_backward(torch.stack([p.sum() for p in params]).sum() * 0.0)
+
     def update(self, batch, tokens, mask, group_index, advantages, generator) -> dict[str, torch.Tensor]:
-        """ppo_epochs x ppo_mini_batches optimiser steps on the given rollouts; returns averaged metrics."""
+        """ppo_epochs x ppo_mini_batches optimiser steps on the given rollouts; returns averaged metrics.
+
+        Data parallel (world size W > 1): the ranks agree on the number of optimiser steps (the most mini-batches
+        any rank has; none when no rank kept a rollout) and, per step, on the number of micro-batches; a rank with
+        fewer pads with zero-gradient backward passes, so every rank runs the same synchronised backward passes
+        (DDP all-reduces on each). The loss denominators of a step (tokens for ``token_mean``, sequences for
+        ``sequence_mean``) are totals over all ranks, and each rank's loss is multiplied by W to undo DDP's
+        gradient averaging, so the update equals one process's update on all ranks' rollouts (exactly so with
+        one mini-batch per epoch; with several, each rank splits its own rollouts).
+        """
         h = self.hparams
-        if tokens.shape[0] == 0:
+        world = self._world_size()
+        rollouts = tokens.shape[0]
+        micro = h.micro_batch_size or max(rollouts, 1)
+        local_steps = len(torch.chunk(torch.arange(rollouts), min(h.ppo_mini_batches, rollouts))) if rollouts else 0
+        agreed = self._agree([rollouts, local_steps])
+        if world > 1:
+            if int(agreed[:, 0].sum()) == 0:
+                return {}
+            num_steps = int(agreed[:, 1].max())
+        elif rollouts == 0:
             return {}
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
         prompt_length = batch["prompt_tokens"].shape[1]
         sequences = torch.cat([batch["prompt_tokens"][group_index], tokens], dim=1)
         attention = torch.cat([batch["prompt_mask"][group_index], mask], dim=1)
-        rollouts = sequences.shape[0]
-        micro = h.micro_batch_size or rollouts
         on_policy = h.ppo_epochs == 1 and h.ppo_mini_batches == 1
         old_logprobs = ref_logprobs = None
         with torch.no_grad():
-            if not on_policy:
+            if not on_policy and rollouts:
                 old_logprobs = torch.cat([completion_logprobs(self.policy, sequences[i:i + micro],
                                                               attention[i:i + micro], prompt_length,
                                                               h.temperature)[0] for i in range(0, rollouts, micro)])
-            if self.ref_policy is not None:
+            if self.ref_policy is not None and rollouts:
                 ref_logprobs = torch.cat([completion_logprobs(self.ref_policy, sequences[i:i + micro],
                                                               attention[i:i + micro], prompt_length,
                                                               h.temperature)[0] for i in range(0, rollouts, micro)])
         normalizer = h.constant_normalizer or h.max_new_tokens
         sums: dict[str, float] = {}
-        steps = 0
+        steps = local_taken = 0
         for _ in range(h.ppo_epochs):
             order = torch.randperm(rollouts, generator=torch.Generator().manual_seed(
                 int(torch.randint(2**62, (1,), generator=generator, device=generator.device))))
-            for rows in torch.chunk(order.to(self.device), min(h.ppo_mini_batches, rollouts)):
+            chunks = list(torch.chunk(order.to(self.device), min(h.ppo_mini_batches, rollouts))) if rollouts else []
+            if world > 1:
+                chunks += [order[:0].to(self.device)] * (num_steps - len(chunks))
+            for rows in chunks:
                 optimizer.zero_grad()
                 step_tokens, step_sequences = mask[rows].sum(), rows.numel()
-                for start in range(0, rows.numel(), micro):
-                    r = rows[start:start + micro]
+                passes = -(-rows.numel() // micro)
+                scale = 1.0
+                if world > 1:  # global denominators and the micro-batch count every rank runs
+                    totals = self._agree([float(step_tokens), float(step_sequences), passes])
+                    step_tokens = totals[:, 0].sum().to(mask.device)
+                    step_sequences = int(totals[:, 1].sum())
+                    passes, scale = int(totals[:, 2].max()), float(world)
+                for index in range(passes):
+                    r = rows[index * micro:(index + 1) * micro]
+                    if r.numel() == 0:
+                        self._padding_backward()
+                        continue
                     logp, entropy = completion_logprobs(self.policy, sequences[r], attention[r], prompt_length,
                                                         h.temperature, True, entropy_grad=h.entropy_coef > 0)
                     loss, metrics = policy_loss(
@@ -437,7 +554,7 @@ class GRPO(PaperModule):
                         None if ref_logprobs is None else ref_logprobs[r], h.kl_coef, h.clip_ratio_c,
                         num_sequences=step_sequences, num_tokens=step_tokens.clamp(min=1), entropy=entropy,
                         entropy_coef=h.entropy_coef)
-                    self.manual_backward(loss)
+                    self.manual_backward(loss * scale if scale != 1.0 else loss)
                     weight = r.numel() / rows.numel()
                     metrics["loss"] = loss.detach() * (rows.numel() / r.numel())
                     metrics["entropy"] = (entropy.detach() * mask[r]).sum() / mask[r].sum().clamp(min=1)
@@ -449,7 +566,11 @@ class GRPO(PaperModule):
                 if scheduler is not None:
                     scheduler.step()
                 steps += 1
-        return {k: torch.tensor(v / steps) for k, v in sums.items()}
+                local_taken += bool(rows.numel())
+        out = {k: torch.tensor(v / local_taken) for k, v in sums.items()}
+        if world > 1:
+            out["optimizer_steps"] = torch.tensor(float(steps))  # non-empty: this rank took part in an update
+        return out
 
     def _log_step(self, stats, rewards, mask, reward_metrics, update, first_stage, num_prompts) -> None:
         present = stats["count"] > 0
@@ -489,14 +610,14 @@ class GRPO(PaperModule):
         samples = torch.full((num_prompts,), h.eval_samples, dtype=torch.long, device=self.device)
         tokens, mask, group_index = self.generate(batch, samples, h.eval_temperature,
                                                   self._generator(stream, batch_idx))
-        rewards, _ = self.score(tokens, mask, group_index, batch["answers"])
-        correct = group_statistics(rewards, group_index, num_prompts)["correct"]
+        rewards, correct, _ = self.score(tokens, mask, group_index, batch["answers"])
+        correct = group_statistics(rewards, group_index, num_prompts, correct=correct)["correct"]
         for k in self.eval_k:
             out[f"pass@{k}"] = pass_at_k(h.eval_samples, correct.cpu(), k).float().to(self.device)
         out["accuracy"] = correct.float() / h.eval_samples
         ones = torch.ones(num_prompts, dtype=torch.long, device=self.device)
         greedy, greedy_mask, greedy_group = self.generate(batch, ones, 0.0, self._generator(stream, batch_idx))
-        out["greedy_accuracy"] = (self.score(greedy, greedy_mask, greedy_group, batch["answers"])[0] > 0.5).float()
+        out["greedy_accuracy"] = self.score(greedy, greedy_mask, greedy_group, batch["answers"])[1].float()
         return out
 
     def _evaluation_step(self, batch, batch_idx, prefix: str, stream: int) -> None:

@@ -53,8 +53,9 @@ Deviations / reconstructions (all documented choices):
   configs use any-correct for both variants.
 * The paper's diversity metric was not visible; "tokens per answer" here = completion tokens (EOS included) / K
   per set, and "tokens per correct answer" = tokens per set / distinct correct answers per set.
-* GRPO's training logs ``train/solve_*`` count a rollout as correct when reward > 0.5; for RLCR a well-formed set
-  with no correct candidate can exceed 0.5, so read ``train/reward_correct`` (any candidate correct) instead.
+* What GRPO counts as solved (``train/solve_*``, allocators' success estimates) is the reward's correct flag
+  (`MultiAnswerReward.evaluate`): the accuracy term is non-zero. It is not ``reward > 0.5``: for RLCR a well-formed
+  set with no correct candidate scores 0.5 + 0.5 * brier. For the RLVR modes (weights 0.5/0.5) the two agree.
 """
 from __future__ import annotations
 
@@ -165,13 +166,20 @@ class MultiAnswerReward(RewardFunction):
         names = ("format", "unique", "constraint", "accuracy", "brier", "correct", "distinct_correct")
         return {name: table[:, i] for i, name in enumerate(names)}
 
-    def __call__(self, completions: list[str], answers: list[list[str]]) -> tuple[torch.Tensor, dict[str, float]]:
+    def evaluate(self, completions: list[str], answers: list[list[str]],
+                 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        """(rewards, correct, metrics); correct = the accuracy term credits the set (a correct candidate in a
+        response that passes the accuracy gate), whatever the format and Brier terms add."""
         terms = self.components(completions, answers)
         w_f, w_acc, w_b = self.weights
         reward = w_f * terms["format"] + w_acc * terms["accuracy"]
         if self.mode == "rlcr":
             reward = reward + w_b * terms["brier"]
         metrics = {name: float(value.mean()) if value.numel() else float("nan") for name, value in terms.items()}
+        return reward, terms["accuracy"] > 0, metrics
+
+    def __call__(self, completions: list[str], answers: list[list[str]]) -> tuple[torch.Tensor, dict[str, float]]:
+        reward, _, metrics = self.evaluate(completions, answers)
         return reward, metrics
 
 

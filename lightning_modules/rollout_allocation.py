@@ -38,8 +38,10 @@ Deviations and reconstructions (the paper PDFs were not readable; the behaviour 
   fallback is then skipped.
 * The released code treats prompts without history as p = 0 when it hands out fallback surplus (its state
   array is zero-initialised); here only prompts with a valid history and p = 0 receive it.
-* Rewards are turned into successes with ``reward > success_threshold`` (0.5; the released code maps a
-  {-1, 0, 1} reward to max(r, 0)). Δn uses ceil(x - 1e-6) so that float noise in S(a) cannot add a rollout.
+* A rollout is a success when the reward marks it correct (`RewardFunction.evaluate`: reward > 0.5 for binary
+  rewards, the reward's own flag for graded ones such as Multi-RLCR's); an explicit ``success_threshold``
+  counts ``reward > success_threshold`` instead, for DARS' stage-1 counts as for the success estimates (the
+  released code maps a {-1, 0, 1} reward to max(r, 0)). Δn uses ceil(x - 1e-6) so that float noise in S(a) cannot add a rollout.
 """
 from __future__ import annotations
 
@@ -55,17 +57,29 @@ from lightning_modules.errors import UserInputError, check_range
 class RolloutAllocator:
     """Interface GRPO calls once per step; the base behaviour is the uniform GRPO allocation."""
 
+    success_threshold: float | None = None
+
+    def successes(self, rewards: torch.Tensor, correct: torch.Tensor | None = None) -> torch.Tensor:
+        """BoolTensor[R]: the reward's ``correct`` flags, or ``reward > success_threshold`` when that is set
+        (and when no flags are given: reward > 0.5 without a threshold)."""
+        if self.success_threshold is not None:
+            return rewards.detach() > self.success_threshold
+        if correct is None:
+            return rewards.detach() > 0.5
+        return torch.as_tensor(correct).bool()
+
     def plan(self, prompt_ids: torch.Tensor, rollouts_per_prompt: int) -> torch.Tensor:
         """Stage-1 rollouts per prompt, LongTensor[M] (0 skips a prompt)."""
         return torch.full((len(prompt_ids),), int(rollouts_per_prompt), dtype=torch.long)
 
     def second_stage(self, prompt_ids: torch.Tensor, counts: torch.Tensor, correct: torch.Tensor) -> torch.Tensor:
-        """Extra rollouts per prompt after stage 1 (``correct`` = stage-1 rollouts with reward > 0.5)."""
+        """Extra rollouts per prompt after stage 1 (``correct`` = stage-1 successes per prompt, `successes`)."""
         return torch.zeros(len(prompt_ids), dtype=torch.long)
 
     def observe(self, prompt_ids: torch.Tensor, rewards_per_rollout: torch.Tensor,
-                group_index: torch.Tensor) -> None:
-        """All rollouts' rewards of the step and the prompt position (0..M-1) of each rollout."""
+                group_index: torch.Tensor, correct: torch.Tensor | None = None) -> None:
+        """All rollouts' rewards of the step, the prompt position (0..M-1) of each rollout and the reward's
+        ``correct`` flag of each (None: reward > 0.5)."""
 
     def metrics(self) -> dict[str, float]:
         """Scalars of the last step, logged by GRPO under ``allocation/``."""
@@ -250,14 +264,15 @@ class KnapsackAllocator(RolloutAllocator):
         buffer_length: the robust fallback window (paper 16).
         epoch_estimation: p = mean of the most recent visit (paper) instead of the mean of the last
             ``buffer_length`` rewards.
-        success_threshold: a rollout counts as a success when its reward exceeds this.
+        success_threshold: count ``reward > success_threshold`` as a success (None: the reward's correct flag).
     """
 
     def __init__(self, min_n: int = 2, max_n: int = 128, negative_n: int | None = None,
                  positive_n: int | None = None, total_budget: int | None = None, alpha: float = 0.9,
                  cost_estimation: Literal["probability", "expectation"] = "probability",
                  allow_fallback: bool = True, solver: Literal["greedy", "dp"] = "greedy", min_history: int = 8,
-                 buffer_length: int = 16, epoch_estimation: bool = True, success_threshold: float = 0.5) -> None:
+                 buffer_length: int = 16, epoch_estimation: bool = True,
+                 success_threshold: float | None = None) -> None:
         check_range("KnapsackAllocator.min_n", min_n, 1)
         check_range("KnapsackAllocator.max_n", max_n, min_n)
         for name, value in (("negative_n", negative_n), ("positive_n", positive_n)):
@@ -290,8 +305,9 @@ class KnapsackAllocator(RolloutAllocator):
         count = torch.tensor([s["count"] if s else 0 for s in states], dtype=torch.long)
         return p_hat, count >= self.min_history, count
 
-    def observe(self, prompt_ids, rewards_per_rollout, group_index) -> None:
-        success = (rewards_per_rollout.detach().float().cpu() > self.success_threshold).float()
+    def observe(self, prompt_ids, rewards_per_rollout, group_index, correct=None) -> None:
+        success = self.successes(rewards_per_rollout.detach().float().cpu(),
+                                 None if correct is None else correct.cpu()).float()
         group_index = group_index.detach().cpu().long()
         order = torch.argsort(group_index, stable=True)              # rollouts of one prompt, in order
         sizes = torch.bincount(group_index, minlength=len(prompt_ids)).tolist()
@@ -387,11 +403,13 @@ class DARSAllocator(RolloutAllocator):
         max_rollouts: N_max, the cap on N + Δn.
         use_std: S(a) and A_peak of the std-normalised advantage; must match GRPO's ``scale_by_group_std``
             (the paper's runs use no std).
-        success_threshold: stage-2 bookkeeping only (``2nd_saved``); the stage-1 count comes from GRPO.
+        success_threshold: count ``reward > success_threshold`` as a success, in the stage-1 counts (GRPO asks
+            `successes`) and in the stage-2 bookkeeping (``2nd_saved``); None: the reward's correct flag.
     """
 
     def __init__(self, schedule: Literal["equal_treatment", "hardness_weighted"] = "hardness_weighted",
-                 max_rollouts: int = 64, use_std: bool = False, success_threshold: float = 0.5) -> None:
+                 max_rollouts: int = 64, use_std: bool = False,
+                 success_threshold: float | None = None) -> None:
         if schedule not in ("equal_treatment", "hardness_weighted"):
             raise UserInputError(f"DARSAllocator.schedule={schedule!r}: use 'equal_treatment' or "
                                  "'hardness_weighted'.")
@@ -415,11 +433,12 @@ class DARSAllocator(RolloutAllocator):
         self._stage1_correct, self._extra = correct.detach().cpu().long(), extra
         return extra
 
-    def observe(self, prompt_ids, rewards_per_rollout, group_index) -> None:
+    def observe(self, prompt_ids, rewards_per_rollout, group_index, correct=None) -> None:
         if self._extra is None:
             self._metrics = {}
             return
-        success = (rewards_per_rollout.detach().float().cpu() > self.success_threshold).float()
+        success = self.successes(rewards_per_rollout.detach().float().cpu(),
+                                 None if correct is None else correct.cpu()).float()
         total_correct = torch.zeros(len(prompt_ids)).index_add_(0, group_index.detach().cpu().long(), success)
         resampled = self._extra > 0
         unsolved = (self._stage1_correct == 0) & resampled

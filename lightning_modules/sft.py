@@ -45,8 +45,8 @@ def success_rates(policy: nn.Module, loader, tokenizer, samples: int, max_new_to
         tokens, mask, group = sample_completions(policy, prompts, batch["prompt_mask"].to(device), counts,
                                                  max_new_tokens, temperature, tokenizer, generator)
         answers = [batch["answers"][int(g)] for g in group.tolist()]
-        rewards = reward(decode_completions(tokens, mask, tokenizer), answers)[0]
-        correct = group_statistics(rewards, group.cpu(), prompts.shape[0])["correct"]
+        rewards, flags, _ = reward.evaluate(decode_completions(tokens, mask, tokenizer), answers)
+        correct = group_statistics(torch.as_tensor(rewards), group.cpu(), prompts.shape[0], correct=flags)["correct"]
         ids.append(batch["prompt_ids"])
         tiers.append(batch["tier"])
         rates.append(correct.float() / samples)
@@ -104,8 +104,9 @@ class SupervisedWarmup(PaperModule):
         tokens, mask, group = sample_completions(self.policy, batch["prompt_tokens"], batch["prompt_mask"], counts,
                                                  self.hparams.max_new_tokens, temperature, self.tokenizer, generator)
         answers = [batch["answers"][int(g)] for g in group.tolist()]
-        rewards = torch.as_tensor(self.reward(decode_completions(tokens, mask, self.tokenizer), answers)[0])
-        return group_statistics(rewards.to(self.device), group, num)["correct"].float() / samples
+        rewards, flags, _ = self.reward.evaluate(decode_completions(tokens, mask, self.tokenizer), answers)
+        rewards = torch.as_tensor(rewards).to(self.device)
+        return group_statistics(rewards, group, num, correct=torch.as_tensor(flags))["correct"].float() / samples
 
     def validation_step(self, batch, batch_idx):
         greedy = self._accuracy(batch, 1, 0.0, batch_idx)

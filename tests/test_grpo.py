@@ -207,7 +207,7 @@ class ScriptedAllocator(RolloutAllocator):
         assert counts.tolist() == [1, 2, 3, 0] and (correct <= counts).all()
         return torch.tensor([2, 0, 1, 0])
 
-    def observe(self, prompt_ids, rewards_per_rollout, group_index):
+    def observe(self, prompt_ids, rewards_per_rollout, group_index, correct=None):
         self.observed.append((prompt_ids.clone(), rewards_per_rollout.clone(), group_index.clone()))
         self.state["calls"] += 1
 
