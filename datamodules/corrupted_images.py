@@ -19,10 +19,13 @@ Datasets and the formats read (``data_dir`` is a local folder; nothing is downlo
   `datamodules.images` (so a classifier trained by `ImageClassificationDataModule` sees the same pixels).
 * ``cifar10`` / ``cifar100``: the official python pickles, read by `datamodules.readers` (same layout and errors
   as `datamodules.images`).
-* ``imagenet32``: the downsampled-ImageNet npz release, ``Imagenet32_train_npz/train_data_batch_{1..10}.npz`` and
-  ``Imagenet32_val_npz/val_data.npz`` (the subfolders may also be flattened into ``data_dir``). Each file holds
-  ``data`` (N x 3072 uint8, channel-major 3x32x32) and ``labels`` (N integers in 1..1000). As in the official
-  coupled-diffusion code a ``imagenet_num_classes`` subset (default 100) is drawn with
+* ``imagenet32``: downsampled ImageNet 32x32 in either official form: the npz release,
+  ``Imagenet32_train_npz/train_data_batch_{1..10}.npz`` and ``Imagenet32_val_npz/val_data.npz``, or the pickle
+  release, ``Imagenet32_train/train_data_batch_{1..10}`` and ``Imagenet32_val/val_data`` (dicts with ``data``,
+  ``labels`` and ``mean``, read with the restricted unpickler of `datamodules.readers`). Each file is taken in
+  its npz form when present, else in its pickle form; the subfolders may also be flattened into ``data_dir``.
+  Each file holds ``data`` (N x 3072 uint8, channel-major 3x32x32) and ``labels`` (N integers in 1..1000).
+  As in the official coupled-diffusion code a ``imagenet_num_classes`` subset (default 100) is drawn with
   ``random.Random(imagenet_subset_seed).sample(range(1000), k)`` over 0-based labels; the chosen classes are
   relabelled 0..k-1 in sorted order [reconstruction: the code's relabelling order was not readable]. Only the
   subset's rows are kept in memory (each file is filtered as it is read).
@@ -58,7 +61,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from datamodules.images import AUGMENT_PAD, random_crop_flip
 from datamodules.readers import (CIFAR_LAYOUT, VAL_SPLIT_STREAM, TensorImages, check_rgb32_arrays, find_cifar_dir,
-                                 load_cifar, load_digits_images, require_data_dir, stratified_split)
+                                 load_cifar, load_digits_images, load_release_pickle, require_data_dir,
+                                 stratified_split)
 from datamodules.sampling import evaluation_sampler, mix_seed, training_sampler
 from lightning_modules.errors import UserInputError, check_range
 
@@ -67,6 +71,7 @@ DATASETS = ("digits", "cifar10", "cifar100", "imagenet32")
 IMAGENET32_TRAIN = tuple(f"train_data_batch_{i}.npz" for i in range(1, 11))
 IMAGENET32_VAL = "val_data.npz"
 IMAGENET32_FOLDERS = ("Imagenet32_train_npz", "Imagenet32_val_npz")
+IMAGENET32_PICKLE_FOLDERS = ("Imagenet32_train", "Imagenet32_val")   # the pickle release: same names, no ".npz"
 _STREAM_EVAL_CORRUPTION = 11  # fixed corruptions of validation/test examples (independent of `seed`)
 
 
@@ -147,27 +152,41 @@ def imagenet32_subset_classes(num_classes: int, subset_seed: int) -> list[int]:
 
 
 def _find_imagenet32_files(data_dir: str | None) -> tuple[list[str], str]:
-    expected = (f"{IMAGENET32_FOLDERS[0]}/train_data_batch_{{1..10}}.npz and {IMAGENET32_FOLDERS[1]}/"
-                f"{IMAGENET32_VAL} (or all of them directly in data_dir)")
+    expected = (f"the npz release ({IMAGENET32_FOLDERS[0]}/train_data_batch_{{1..10}}.npz, {IMAGENET32_FOLDERS[1]}/"
+                f"{IMAGENET32_VAL}) or the pickle release ({IMAGENET32_PICKLE_FOLDERS[0]}/train_data_batch_{{1..10}}, "
+                f"{IMAGENET32_PICKLE_FOLDERS[1]}/val_data), the files possibly directly in data_dir")
     root = require_data_dir(data_dir, "imagenet32", expected)
 
-    def locate(name: str, folder: str) -> str | None:
-        for candidate in (os.path.join(root, folder, name), os.path.join(root, name)):
-            if os.path.isfile(candidate):
-                return candidate
+    def locate(name: str, i: int) -> str | None:
+        # each file in its npz form first, then in its pickle form (the same name without ".npz")
+        for stem, folder in ((name, IMAGENET32_FOLDERS[i]), (name[:-len(".npz")], IMAGENET32_PICKLE_FOLDERS[i])):
+            for candidate in (os.path.join(root, folder, stem), os.path.join(root, stem)):
+                if os.path.isfile(candidate):
+                    return candidate
         return None
 
-    train = [locate(name, IMAGENET32_FOLDERS[0]) for name in IMAGENET32_TRAIN]
-    val = locate(IMAGENET32_VAL, IMAGENET32_FOLDERS[1])
+    train = [locate(name, 0) for name in IMAGENET32_TRAIN]
+    val = locate(IMAGENET32_VAL, 1)
     missing = [name for name, path in zip(IMAGENET32_TRAIN + (IMAGENET32_VAL,), train + [val]) if path is None]
     if missing:
-        raise UserInputError(f"imagenet32: '{root}' lacks {', '.join(missing)}. Expected {expected}: the npz release "
-                             "of downsampled ImageNet 32x32 (image-net.org). Nothing is downloaded at run time.")
+        raise UserInputError(f"imagenet32: '{root}' lacks {', '.join(missing)} (in either form). Expected "
+                             f"{expected}: downsampled ImageNet 32x32 (image-net.org). Nothing is downloaded at "
+                             "run time.")
     return train, val
 
 
-def _read_imagenet32_file(path: str, keep: np.ndarray) -> tuple[Tensor, Tensor]:
-    """One ImageNet-32 npz -> (uint8 N x 3 x 32 x 32, 0-based labels remapped by `keep`), rows of kept classes."""
+def _load_imagenet32_arrays(path: str) -> tuple[np.ndarray, np.ndarray]:
+    """(data, labels) of one file: an ``.npz`` archive, otherwise the pickle release's dict (restricted unpickler)."""
+    if not path.endswith(".npz"):
+        batch = load_release_pickle(path, "imagenet32 file")
+        found = {}
+        if isinstance(batch, dict):
+            found = {key: batch.get(key, batch.get(key.encode())) for key in ("data", "labels")}
+        if not isinstance(batch, dict) or any(v is None for v in found.values()):
+            keys = f"keys {sorted(map(repr, batch))}" if isinstance(batch, dict) else f"a {type(batch).__name__}"
+            raise UserInputError(f"imagenet32 file '{path}' must be a dict with 'data' (N x 3072 uint8) and 'labels' "
+                                 f"(N integers in 1..1000), as in the pickle release; found {keys}.")
+        return np.asarray(found["data"]), np.asarray(found["labels"])
     try:
         with np.load(path, allow_pickle=False) as npz:
             keys = set(npz.files)
@@ -175,13 +194,18 @@ def _read_imagenet32_file(path: str, keep: np.ndarray) -> tuple[Tensor, Tensor]:
                 raise UserInputError(f"imagenet32 file '{path}' lacks key(s) "
                                      f"{sorted({'data', 'labels'} - keys)} (keys present: {sorted(keys)}); "
                                      "expected 'data' (N x 3072 uint8) and 'labels' (N integers in 1..1000).")
-            data, labels = npz["data"], np.asarray(npz["labels"])
+            return npz["data"], np.asarray(npz["labels"])
     except UserInputError:
         raise
     except (ValueError, OSError, EOFError) as err:
         raise UserInputError(f"imagenet32 file '{path}' is not a readable npz archive ({type(err).__name__}: "
                              f"{err}). It is truncated or of another format: re-extract the official release."
                              ) from None
+
+
+def _read_imagenet32_file(path: str, keep: np.ndarray) -> tuple[Tensor, Tensor]:
+    """One ImageNet-32 file -> (uint8 N x 3 x 32 x 32, 0-based labels remapped by `keep`), rows of kept classes."""
+    data, labels = _load_imagenet32_arrays(path)
     # the release's labels are 1-based
     check_rgb32_arrays(f"imagenet32 file '{path}'", data, labels, "'data'", "'labels' (1-based)", 1, 1000)
     remap = np.full(1000, -1, dtype=np.int64)

@@ -504,3 +504,47 @@ def test_cifar_pickle_that_runs_code_is_refused_without_running_it(cifar10, tmp_
         dm = ImageClassificationDataModule(dataset="cifar10", data_dir=str(cifar10[0]))
         dm.setup()
     assert not marker.exists()
+
+
+def _write_imagenet32_pickles(root, keep, rows=5):
+    """The pickle release of downsampled ImageNet 32x32 as its authors' loader reads it: Imagenet32_train/
+    train_data_batch_1..10 and Imagenet32_val/val_data, dicts with 'data' (N, 3072) uint8, 'labels' (1-based
+    ints) and 'mean' (the training mean image)."""
+    rng = np.random.default_rng(0)
+    other = next(c for c in range(1000) if c not in keep)
+    labels = ([k + 1 for k in keep] * rows)[:rows] + [other + 1]     # 1-based, one row of another class
+    files = {}
+    for folder, name in [("Imagenet32_train", f"train_data_batch_{i}") for i in range(1, 11)] + \
+            [("Imagenet32_val", "val_data")]:
+        (root / folder).mkdir(exist_ok=True)
+        data = rng.integers(0, 256, (len(labels), 3072)).astype(np.uint8)
+        files[name] = data
+        _write_release_pickle(root / folder / name, {"data": data, "labels": labels,
+                                                     "mean": data.mean(0)}, 3)
+    return files, labels
+
+
+def test_imagenet32_pickle_release_is_read(tmp_path):
+    from datamodules.corrupted_images import CorruptedImageDataModule, imagenet32_subset_classes, load_imagenet32
+    keep = imagenet32_subset_classes(2, 42)
+    files, labels = _write_imagenet32_pickles(tmp_path, keep)
+    train, test = load_imagenet32(str(tmp_path), num_classes=2, subset_seed=42)
+    assert train.data.shape == (50, 3, 32, 32) and test.data.shape == (5, 3, 32, 32)   # the other class dropped
+    assert test.labels.tolist() == [keep.index(y - 1) for y in labels[:5]]
+    assert torch.equal(test.data[0], torch.from_numpy(files["val_data"][0].reshape(3, 32, 32)))
+    data = CorruptedImageDataModule(dataset="imagenet32", data_dir=str(tmp_path), imagenet_num_classes=2)
+    data.setup()
+    assert data.train_set[0][0].shape == (3, 32, 32)
+    # refused, not run: the pickle release goes through the same restricted unpickler as CIFAR
+    marker = tmp_path / "ran"
+    _write_pickle(tmp_path / "Imagenet32_val" / "val_data", {"data": _RunsCode(os.system, (f"touch {marker}",))})
+    with pytest.raises(UserInputError, match=r"val_data' refers to .*system.*refused"):
+        load_imagenet32(str(tmp_path), num_classes=2, subset_seed=42)
+    assert not marker.exists()
+    _write_release_pickle(tmp_path / "Imagenet32_val" / "val_data", {"data": files["val_data"]}, 4)
+    with pytest.raises(UserInputError, match=r"val_data' must be a dict with 'data'.*and 'labels'.*found keys"):
+        load_imagenet32(str(tmp_path), num_classes=2, subset_seed=42)
+    (tmp_path / "Imagenet32_val" / "val_data").unlink()
+    with pytest.raises(UserInputError, match=r"lacks val_data.npz \(in either form\).*the pickle release "
+                                             r"\(Imagenet32_train/train_data_batch_\{1..10\}, Imagenet32_val/val_data"):
+        load_imagenet32(str(tmp_path), num_classes=2, subset_seed=42)
