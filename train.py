@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import pkgutil
 import sys
@@ -22,6 +23,7 @@ os.environ.setdefault("WANDB_MODE", "offline")  # online W&B without an API key 
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
 from lightning.pytorch.loggers import WandbLogger  # noqa: E402
+from lightning.pytorch.utilities import rank_zero_only  # noqa: E402
 
 import callbacks  # noqa: E402
 import datamodules  # noqa: E402
@@ -30,6 +32,7 @@ from lightning_modules.base import read_checkpoint  # noqa: E402
 from lightning_modules.errors import UserInputError  # noqa: E402
 
 COLLECTION_PACKAGES = (lightning_modules, datamodules, callbacks)
+log = logging.getLogger("train")
 
 
 def import_collection() -> list[str]:
@@ -87,6 +90,67 @@ def _flatten(config: dict, prefix: str = "") -> dict:
     return flat
 
 
+def _class_of(class_path: str) -> type | str:
+    """The class a dotted path names (jsonargparse and checkpoints may spell one class by different modules)."""
+    module_name, _, name = class_path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError):
+        return class_path
+
+
+def _check_checkpoint_classes(ckpt_path: str, checkpoint: dict, config, check_data: bool) -> None:
+    """Refuse a ``--ckpt_path`` whose saved LightningModule (or, when resuming a fit, datamodule) class differs
+    from the configured one: LightningCLI would otherwise rebuild the checkpoint's model from its saved
+    hyper-parameters and carry on as a different paper. Checkpoints that name no class are left to the state-dict
+    check in ``before_fit``."""
+    parts = [("LightningModule", "hyper_parameters", "model")]
+    if check_data:
+        parts.append(("datamodule", "datamodule_hyper_parameters", "data"))
+    differences = []
+    for what, saved_key, config_key in parts:
+        saved = checkpoint.get(saved_key)
+        saved = saved.get("_class_path") if isinstance(saved, dict) else None
+        configured = config.get(config_key)
+        configured = configured.get("class_path") if configured is not None and hasattr(configured, "get") else None
+        if isinstance(saved, str) and isinstance(configured, str) and _class_of(saved) is not _class_of(configured) \
+                and saved != configured:
+            differences.append(f"its {what} is {saved.rpartition('.')[2]} ({saved}) but the config builds "
+                               f"{configured.rpartition('.')[2]} ({configured})")
+    if differences:
+        raise UserInputError(
+            f"--ckpt_path '{ckpt_path}' was written by another run: {'; '.join(differences)}. --ckpt_path only "
+            "resumes the run that wrote it, with that run's config; to start this config from the checkpoint's "
+            f"weights use --model.init_args.init_from={ckpt_path} instead (README: 'Fine-tuning vs resuming').")
+
+
+def _leaves_of(node, prefix: str) -> dict:
+    """{'model.init_args.lr': 0.1, ...} for a parsed config node (a jsonargparse Namespace or a plain value)."""
+    if node is None:
+        return {}
+    if hasattr(node, "as_dict"):
+        node = node.as_dict()
+    return _flatten(node, f"{prefix}.") if isinstance(node, dict) else {prefix: node}
+
+
+def _report_replaced_values(ckpt_path: str, before: dict, after: dict) -> None:
+    """Warn (once, on rank 0) about configured model values that the checkpoint's hyper-parameters replaced."""
+    replaced = [f"{key}={before[key]!r} (checkpoint: {after.get(key)!r})" for key in before
+                if key in after and _differs(before[key], after[key])]
+    replaced += [f"{key}={before[key]!r} (checkpoint: not set)" for key in before if key not in after]
+    if replaced and rank_zero_only.rank == 0:
+        log.warning(
+            "warning: --ckpt_path '%s' restores the checkpoint's model hyper-parameters, so these values from the "
+            "config files and flags are ignored: %s. To change them, start a new run from the weights with "
+            "--model.init_args.init_from instead of resuming.", ckpt_path, "; ".join(replaced))
+
+
+def _differs(a, b) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) != len(b) or any(_differs(x, y) for x, y in zip(a, b))
+    return a != b
+
+
 def _find_user_error(err: BaseException | None) -> UserInputError | None:
     """The UserInputError somewhere in an exception's cause/context chain, if any."""
     seen = set()
@@ -115,19 +179,40 @@ class CollectionCLI(LightningCLI):
             raise user_error from None
 
     def _parse_ckpt_path(self) -> None:
-        """Read ``--ckpt_path`` safely first: Lightning itself would fail deep in ``torch.load``."""
+        """Read ``--ckpt_path`` safely, refuse a checkpoint of another model or datamodule class, then apply its
+        hyper-parameters as LightningCLI does and say which configured values they replaced.
+
+        LightningCLI's own version would load the file a second time (``torch.load`` with no error handling) and
+        silently turn the run into whatever class the checkpoint names, so it is replaced here.
+        """
         self._resume_checkpoint = None
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if isinstance(ckpt_path, str) and ckpt_path not in ("last", "best", "hpc", "registry"):
-            weights_only = self.config[subcommand].get("weights_only")
-            self._resume_checkpoint = read_checkpoint(ckpt_path, trusted=weights_only is False, what="--ckpt_path")
-            if subcommand == "fit" and not {"optimizer_states", "loops"} <= set(self._resume_checkpoint):
-                raise UserInputError(
-                    f"--ckpt_path '{ckpt_path}' is a weights-only file, not a full Lightning training checkpoint, "
-                    "so training cannot resume from it. To start from these weights with a new config use "
-                    "--model.init_args.init_from instead.")
-        super()._parse_ckpt_path()
+        if not isinstance(ckpt_path, str) or ckpt_path in ("last", "best", "hpc", "registry"):
+            return  # no file yet: Lightning resolves these names itself when the run starts
+        config = self.config[subcommand]
+        weights_only = config.get("weights_only")
+        checkpoint = read_checkpoint(ckpt_path, trusted=weights_only is False, what="--ckpt_path")
+        self._resume_checkpoint = checkpoint
+        if subcommand == "fit" and not {"optimizer_states", "loops"} <= set(checkpoint):
+            raise UserInputError(
+                f"--ckpt_path '{ckpt_path}' is a weights-only file, not a full Lightning training checkpoint, "
+                "so training cannot resume from it. To start from these weights with a new config use "
+                "--model.init_args.init_from instead.")
+        _check_checkpoint_classes(ckpt_path, checkpoint, config, check_data=subcommand == "fit")
+        hparams = checkpoint.get("hyper_parameters")
+        hparams = {k: v for k, v in hparams.items() if k != "_instantiator"} if isinstance(hparams, dict) else {}
+        if not hparams:
+            return
+        if "_class_path" in hparams:  # as LightningCLI._parse_ckpt_path does
+            hparams = {"class_path": hparams.pop("_class_path"), "dict_kwargs": hparams}
+        before = _leaves_of(config.get("model"), "model")
+        try:
+            self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
+        except SystemExit:
+            sys.stderr.write("Parsing of ckpt_path hyperparameters failed!\n")
+            raise
+        _report_replaced_values(ckpt_path, before, _leaves_of(self.config[subcommand].get("model"), "model"))
 
     def _check_checkpoint_fits_model(self) -> None:
         """Refuse a ``--ckpt_path`` written by a different model before Lightning fails on it."""

@@ -6,7 +6,8 @@ Two ways to start from a checkpoint, and they mean different things:
 
 * ``--ckpt_path run.ckpt`` (Lightning) is an *exact resume*: model weights, optimiser state, epoch,
   callback state and (``PaperModule.on_load_checkpoint``) the global RNG states are restored, and the
-  checkpoint's saved hyper-parameters win over the YAML.
+  checkpoint's saved hyper-parameters win over the YAML. ``train.py`` refuses a checkpoint written by another
+  LightningModule (or, for ``fit``, datamodule) class and warns about every configured model value it replaces.
 * ``--model.init_args.init_from run.ckpt`` (this module) is *fine-tuning with a new config*: only the
   weights whose name and shape match the new model are copied, in ``setup("fit")``; everything else
   (optimiser, schedule, epoch counter, hyper-parameters) comes from the new config. What was skipped is

@@ -1,13 +1,17 @@
 """train.py behaviour users rely on: W&B offline by default, configs saved per run, short names, fine-tuning."""
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
+import train
 from conftest import REPO, config_path, run_cli
+from lightning_modules.errors import UserInputError
 
 QUICK = config_path("configs/trew/classifier_quick.yaml")
 
@@ -65,3 +69,67 @@ def test_fine_tuning_with_a_new_config_keeps_weights_but_not_the_old_hyper_param
         assert torch.equal(value, second.model.state_dict()[key]), key
     assert second.model.configure_optimizers().param_groups[0]["lr"] == 0.0123
     assert second.model.init_from_report["shape_mismatch"] == []
+
+
+# --------------------------------------------------------------------------------------------- --ckpt_path
+SFT = config_path("configs/grpo/sft_quick.yaml")
+QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+
+
+class ParseOnlyCLI(train.CollectionCLI):
+    """Parses (and applies --ckpt_path's checks and hyper-parameters) without building or running anything."""
+
+    def instantiate_classes(self) -> None:
+        pass
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        pass
+
+
+def test_resuming_a_checkpoint_of_another_paper_is_refused_naming_both_classes(prerequisite_checkpoints):
+    # real checkpoints of two papers: the GRPO warm-up (SupervisedWarmup) and the TREW classifier, 2 steps each
+    sft = prerequisite_checkpoints("configs/grpo/sft_quick.yaml")
+    classifier = prerequisite_checkpoints("configs/trew/classifier_quick.yaml")
+    with pytest.raises(UserInputError) as info:  # before: the run silently became SupervisedWarmup and exited 0
+        run_cli("fit", "--config", QUICK, f"--ckpt_path={sft}", "--trainer.fast_dev_run=1", *QUIET)
+    message = str(info.value)
+    for name in ("SupervisedWarmup", "ImageClassifier", "VerifiableTaskDataModule", "ImageClassificationDataModule",
+                 f"--model.init_args.init_from={sft}", "Fine-tuning vs resuming"):
+        assert name in message, name
+    with pytest.raises(UserInputError, match=r"LightningModule is ImageClassifier .* builds SupervisedWarmup"):
+        run_cli("fit", "--config", SFT, f"--ckpt_path={classifier}", "--trainer.fast_dev_run=1", *QUIET)
+    with pytest.raises(UserInputError, match="LightningModule is SupervisedWarmup"):  # evaluation too
+        run_cli("validate", "--config", QUICK, f"--ckpt_path={sft}", *QUIET)
+    # the same model with another datamodule cannot resume a fit, but may be evaluated on other data
+    with pytest.raises(UserInputError, match=r"datamodule is VerifiableTaskDataModule .* ImageClassificationData"):
+        run_cli("fit", "--config", SFT, "--data=ImageClassificationDataModule", f"--ckpt_path={sft}",
+                cli_class=ParseOnlyCLI)
+    run_cli("test", "--config", SFT, "--data=ImageClassificationDataModule", f"--ckpt_path={sft}",
+            cli_class=ParseOnlyCLI)
+
+
+def test_cross_paper_resume_from_the_command_line_is_one_error_line_and_status_2(prerequisite_checkpoints,
+                                                                                 tmp_path):
+    sft = prerequisite_checkpoints("configs/grpo/sft_quick.yaml")
+    result = subprocess.run([sys.executable, str(REPO / "train.py"), "fit", "--config", QUICK, f"--ckpt_path={sft}",
+                             "--trainer.fast_dev_run=1", *QUIET], capture_output=True, text=True, cwd=tmp_path,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: --ckpt_path '{sft}' was written by another run") and "init_from" in last
+    assert "Traceback" not in result.stderr and "Restored all states" not in result.stdout + result.stderr
+
+
+def test_same_model_resume_continues_and_names_the_configured_values_it_ignores(prerequisite_checkpoints, caplog):
+    classifier = prerequisite_checkpoints("configs/trew/classifier_quick.yaml")  # 2 steps done
+    with caplog.at_level(logging.WARNING, logger="train"):
+        cli = run_cli("fit", "--config", QUICK, f"--ckpt_path={classifier}", "--trainer.max_steps=3",
+                      "--trainer.limit_val_batches=1", "--model.init_args.hidden_dim=16",
+                      "--model.init_args.optimizer.init_args.lr=0.5", "--data.init_args.seed=0", *QUIET)
+    assert cli.trainer.state.finished and cli.trainer.global_step == 3  # resumed at step 2, ran one more
+    assert cli.model.hparams.hidden_dim == 128  # the checkpoint's value: the weights have that shape
+    warnings = [r.getMessage() for r in caplog.records if r.name == "train"]
+    assert len(warnings) == 1, warnings
+    assert "model.init_args.hidden_dim=16 (checkpoint: 128)" in warnings[0]
+    assert "model.init_args.optimizer.init_args.lr=0.5 (checkpoint: 0.001)" in warnings[0]
+    assert "data." not in warnings[0] and "init_from" in warnings[0]  # data values are not replaced on resume
