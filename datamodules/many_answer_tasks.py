@@ -9,7 +9,8 @@ distinct correct answers (1..K).
 User data (``source: jsonl``): a JSON-lines file with one object per line, ``{"question": str, "answers":
 [str, ...]}`` (``"problem"`` / ``"answer"`` accepted as in the official loader; a single string or number counts
 as a one-element list). Prompt ids are the line order (blank lines skipped). Tier = min(|answers|, K). Errors name
-the file, the line and the field. ``val_data_path`` adds a validation file (ids 1_000_000 + its line order).
+the file, the line and the field. ``val_data_path`` adds a validation file (ids 1_000_000 + its line order,
+or the next 1_000_000 * 10**k above the training ids for a training file of more than a million prompts).
 
 Two split kinds share one datamodule (``train_split``):
 
@@ -41,7 +42,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
-from datamodules.verifiable_tasks import CharTokenizer, HFTokenizer, ListDataset, PromptCollator
+from datamodules.verifiable_tasks import CharTokenizer, HFTokenizer, ListDataset, PromptCollator, evaluation_id_offset
 from datamodules.sampling import LoaderGeneratorReplaySampler, evaluation_sampler, training_sampler
 from lightning_modules.errors import UserInputError, check_range
 from lightning_modules.multi_answer_protocol import format_completion
@@ -138,7 +139,8 @@ class ManyAnswerDataModule(LightningDataModule):
     Args:
         source: ``divisors`` (embedded) or ``jsonl`` (``data_path``, see `load_many_answer_jsonl`).
         data_path: the JSON-lines file for ``source: jsonl``.
-        val_data_path: optional JSON-lines validation/test file (ids 1_000_000 + line order); else ``val_fraction``.
+        val_data_path: optional JSON-lines validation/test file (ids past the training ids, see above); else
+            ``val_fraction``.
         target_format: SFT targets with K candidates (``multi``) or one answer (``single``: the baseline).
         task_num_candidates: K (the multi-answer format and the tiers).
         with_confidence: multi targets carry a confidence per candidate.
@@ -200,7 +202,9 @@ class ManyAnswerDataModule(LightningDataModule):
         if val_data_path is not None:
             if val_fraction > 0:
                 raise UserInputError("set either val_data_path or val_fraction, not both.")
-            self.val_pool = [ManyAnswerExample(VAL_ID_OFFSET + e.id, e.question, e.answers, e.tier)
+            # ids past every training id (training ids are line orders), however long the training file
+            offset = evaluation_id_offset([e.id for e in self.examples], VAL_ID_OFFSET)
+            self.val_pool = [ManyAnswerExample(offset + e.id, e.question, e.answers, e.tier)
                              for e in load_many_answer_jsonl(val_data_path, task_num_candidates)]
             self.examples = self.examples + self.val_pool
         self.prompts = {e.id: self._prompt_text(e) for e in self.examples}

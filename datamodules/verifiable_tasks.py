@@ -20,6 +20,11 @@ File loaders (``task="jsonl"`` or ``"parquet"``), files ``data_dir/train_file`` 
   ``answer`` / ``answers`` (a string, a number or a list of acceptable answers); optional ``id``, ``tier``.
 * verl-style parquet: ``prompt`` as a chat list, ``reward_model.ground_truth`` (string or list),
   ``extra_info.index`` as the stable id; plain ``question``/``answer`` columns work too.
+* Prompt ids: ``id`` / ``extra_info.index`` (non-negative integers, unique within a file), else the row number.
+  Each split numbers its rows from 0 (verl's ``extra_info.index`` restarts in every split), and ids key the
+  rollout allocators' per-prompt history and the evaluation, so the evaluation file's ids are shifted by
+  ``TEST_ID_OFFSET`` (1_000_000, or the next ``1_000_000 * 10**k`` above the largest training id): as in the
+  embedded task, evaluation id = offset + the file's id (``eval_id_offset`` on the datamodule).
   Missing files, unreadable lines and missing fields raise `UserInputError` naming file, line/row and field.
   Without ``tokenizer_path`` a `CharTokenizer` over the characters of the files is used; with it, the tokenizer
   of a local transformers folder (chat prompts go through its chat template when it has one).
@@ -47,6 +52,14 @@ from datamodules.sampling import LoaderGeneratorReplaySampler, evaluation_sample
 from lightning_modules.errors import UserInputError, check_range
 
 TEST_ID_OFFSET = 1_000_000
+
+
+def evaluation_id_offset(train_ids, base: int = TEST_ID_OFFSET) -> int:
+    """The shift for evaluation prompt ids: `base`, times 10 until it exceeds every (non-negative) training id."""
+    top, offset = max(train_ids, default=-1), base
+    while offset <= top:
+        offset *= 10
+    return offset
 
 
 # --------------------------------------------------------------------------------------------- tokenizers
@@ -282,6 +295,8 @@ def record_to_example(record, where: str, position: int) -> dict:
     except (TypeError, ValueError):
         raise UserInputError(f"{where}: field 'id' / 'extra_info.index' must be an integer, got {prompt_id!r}.") \
             from None
+    if prompt_id < 0:
+        raise UserInputError(f"{where}: field 'id' / 'extra_info.index' is {prompt_id}; ids must be >= 0.")
     tier = next((t for t in (_get(record, k) for k in ("tier", "level", "difficulty")) if t is not None), -1)
     try:
         tier = int(tier)
@@ -379,6 +394,7 @@ class VerifiableTaskDataModule(LightningDataModule):
         self.train_examples: list[dict] | None = None
         self.val_examples: list[dict] | None = None
         self.sft_dataset: Dataset | None = None
+        self.eval_id_offset = TEST_ID_OFFSET
         if task == "reversed_addition" and self.tokenizer is None:
             self.tokenizer = CharTokenizer()
         if task != "reversed_addition":
@@ -390,6 +406,10 @@ class VerifiableTaskDataModule(LightningDataModule):
         loader = load_jsonl if self.task == "jsonl" else load_parquet
         self.train_examples = loader(os.path.join(h.data_dir, h.train_file or f"train.{self.task}"))
         self.val_examples = loader(os.path.join(h.data_dir, h.val_file or f"test.{self.task}"))
+        # each file numbers its prompts from 0: shift the evaluation ids past the training ids (module docstring)
+        self.eval_id_offset = evaluation_id_offset([ex["prompt_id"] for ex in self.train_examples])
+        for ex in self.val_examples:
+            ex["prompt_id"] += self.eval_id_offset
         if self.tokenizer is None:  # a character vocabulary over every prompt and answer of both files
             chars = set()
             for ex in self.train_examples + self.val_examples:

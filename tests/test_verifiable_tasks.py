@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+from datamodules import many_answer_tasks
 from datamodules.verifiable_tasks import (TEST_ID_OFFSET, CharTokenizer, VerifiableTaskDataModule, collate_prompts,
                                           collate_sft, load_jsonl, load_parquet)
 from lightning_modules.answers import answers_match, extract_answer, normalize_math_answer
@@ -136,7 +137,7 @@ def test_jsonl_loader_fields_and_datamodule(tmp_path):
     dm = VerifiableTaskDataModule(task="jsonl", data_dir=str(tmp_path), batch_size=3)
     dm.setup("fit")
     batch = next(iter(dm.val_dataloader()))
-    assert batch["prompt_ids"].tolist() == [7]
+    assert batch["prompt_ids"].tolist() == [TEST_ID_OFFSET + 7]  # evaluation ids are shifted past the train ids
     assert dm.tokenizer.decode(batch["prompt_tokens"][0].tolist()) == "2+2="
     assert dm.train_examples[1]["prompt"] == "capital of france?"  # chat list rendered (no chat template)
     assert len(next(iter(dm.train_dataloader()))["answers"]) == 3
@@ -188,7 +189,7 @@ def test_verl_style_parquet_loader(tmp_path):
     dm.setup("fit")
     assert dm.train_examples[0]["prompt"] == "solve\n1+2="
     batch = next(iter(dm.val_dataloader()))
-    assert batch["prompt_ids"].tolist() == [11] and batch["answers"] == [["3"]]
+    assert batch["prompt_ids"].tolist() == [TEST_ID_OFFSET + 11] and batch["answers"] == [["3"]]
     pq.write_table(pa.table({"prompt": ["x"], "extra_info": [{"index": 1}]}), tmp_path / "broken.parquet")
     with pytest.raises(UserInputError, match=r"broken.parquet: row 0: missing field 'answer'"):
         load_parquet(str(tmp_path / "broken.parquet"))
@@ -211,3 +212,57 @@ def test_max_prompt_tokens_refuses_long_prompts(tmp_path):
 def test_rl_batches_are_shuffled_reproducibly():
     first = [next(iter(_rl_loader()))["prompt_ids"] for _ in range(2)]
     assert torch.equal(first[0], first[1]) and not torch.equal(first[0], torch.arange(32))
+
+
+def _write_verl_split(path, split, questions, first_index=0):
+    """A parquet file in verl's RL format (its data preprocessing scripts, e.g. gsm8k.py): extra_info.index counts the
+    rows of each split from 0."""
+    pa = pytest.importorskip("pyarrow", exc_type=ImportError)
+    pq = pytest.importorskip("pyarrow.parquet", exc_type=ImportError)
+    rows = [{"data_source": "openai/gsm8k",
+             "prompt": [{"role": "user", "content": f"{q} Let's think step by step."}],
+             "ability": "math",
+             "reward_model": {"style": "rule", "ground_truth": str(answer)},
+             "extra_info": {"split": split, "index": first_index + i, "answer": str(answer), "question": q}}
+            for i, (q, answer) in enumerate(questions)]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+def test_verl_train_and_test_prompt_ids_are_distinct(tmp_path):
+    _write_verl_split(tmp_path / "train.parquet", "train", [("1+1?", 2), ("2+3?", 5), ("4+4?", 8)])
+    _write_verl_split(tmp_path / "test.parquet", "test", [("5+5?", 10), ("6+1?", 7)])
+    dm = VerifiableTaskDataModule(task="parquet", data_dir=str(tmp_path), batch_size=3, eval_batch_size=8)
+    dm.setup("fit")
+    train_ids = next(iter(dm.train_pool_loader()))["prompt_ids"].tolist()
+    val = next(iter(dm.val_dataloader()))
+    assert train_ids == [0, 1, 2]  # the training ids stay the file's
+    assert val["prompt_ids"].tolist() == [TEST_ID_OFFSET, TEST_ID_OFFSET + 1] and dm.eval_id_offset == TEST_ID_OFFSET
+    assert val["answers"] == [["10"], ["7"]]
+    # training ids at or past the offset push the evaluation ids further (10x), never onto a training id
+    _write_verl_split(tmp_path / "big.parquet", "train", [("1+1?", 2), ("2+3?", 5)], first_index=TEST_ID_OFFSET)
+    dm = VerifiableTaskDataModule(task="parquet", data_dir=str(tmp_path), train_file="big.parquet")
+    assert [ex["prompt_id"] for ex in dm.val_examples] == [10 * TEST_ID_OFFSET, 10 * TEST_ID_OFFSET + 1]
+    _write_verl_split(tmp_path / "negative.parquet", "train", [("1+1?", 2)], first_index=-1)
+    with pytest.raises(UserInputError, match=r"negative.parquet: row 0: field 'id' / 'extra_info.index' is -1"):
+        load_parquet(str(tmp_path / "negative.parquet"))
+
+
+def test_embedded_task_ids_are_unchanged():
+    dm = VerifiableTaskDataModule(train_pool_size=8, test_pool_size=4, sft_num_examples=10)
+    dm.setup("fit")
+    assert [ex["prompt_id"] for ex in dm.train_examples] == list(range(8))
+    assert [ex["prompt_id"] for ex in dm.val_examples] == [TEST_ID_OFFSET + i for i in range(4)]
+
+
+def test_many_answer_validation_ids_stay_past_a_long_training_file(tmp_path, monkeypatch):
+    # a training file longer than the offset (a million lines in use; 2 here) must not share ids with the
+    # validation file
+    monkeypatch.setattr(many_answer_tasks, "VAL_ID_OFFSET", 2)
+    write_jsonl(tmp_path / "train.jsonl", [{"question": f"q{i}", "answers": [str(i)]} for i in range(3)])
+    write_jsonl(tmp_path / "val.jsonl", [{"question": f"v{i}", "answers": [str(i)]} for i in range(2)])
+    dm = many_answer_tasks.ManyAnswerDataModule(source="jsonl", data_path=str(tmp_path / "train.jsonl"),
+                                                val_data_path=str(tmp_path / "val.jsonl"))
+    train_ids = {e.id for e in dm.train_pool}
+    val_ids = {e.id for e in dm.val_pool}
+    assert train_ids == {0, 1, 2} and val_ids == {20, 21}
+    assert len(dm.prompts) == 5  # one prompt text per id: no validation prompt overwrote a training one
