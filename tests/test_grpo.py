@@ -13,6 +13,7 @@ from datamodules.verifiable_tasks import CharTokenizer, VerifiableTaskDataModule
 from lightning_modules.errors import UserInputError
 from lightning_modules.grpo import (GRPO, ExactMatchReward, RolloutAllocator, group_advantages, group_statistics,
                                     pass_at_k, policy_loss)
+from lightning_modules.rollout_allocation import DARSAllocator, KnapsackAllocator
 from lightning_modules.rollouts import sample_completions
 from lightning_modules.sft import SupervisedWarmup, success_rates
 from lightning_modules.tiny_gpt import TinyGPT
@@ -453,3 +454,68 @@ def test_sft_then_grpo_raises_the_training_reward():
     quarter = len(record.values) // 4
     first, last = sum(record.values[:quarter]) / quarter, sum(record.values[-quarter:]) / quarter
     assert last >= first + 0.1, (first, last)
+
+
+# --------------------------------------------------------------------------------------------- graded rewards
+class GradedNeverCorrect(ExactMatchReward):
+    """Multi-RLCR-like: every completion scores above 0.5 (format + Brier terms), none is correct."""
+
+    def evaluate(self, completions, answers):
+        rewards = torch.tensor([0.6 + 0.1 * (len(c) % 3) for c in completions])
+        return rewards, torch.zeros(len(completions), dtype=torch.bool), {}
+
+    def __call__(self, completions, answers):
+        rewards, _, metrics = self.evaluate(completions, answers)
+        return rewards, metrics
+
+
+class RecordingDARS(DARSAllocator):
+    def second_stage(self, prompt_ids, counts, correct):
+        self.stage1_correct = correct.clone()
+        return super().second_stage(prompt_ids, counts, correct)
+
+
+def test_multi_rlcr_reward_above_half_without_a_correct_answer_is_not_correct():
+    from lightning_modules.multi_answer_rl import MultiAnswerReward
+
+    reward = MultiAnswerReward(mode="rlcr", num_candidates=3)
+    rewards, correct, _ = reward.evaluate(["5@1;7@1;9@1", "6@5;5@1;7@1"], [["2", "3", "4", "6"]] * 2)
+    assert rewards[0] > 0.5 and rewards.tolist() == pytest.approx([0.5 + 0.5 * 0.99, 1.0 + 0.5 * (1 - 0.27 / 3)])
+    assert correct.tolist() == [False, True]
+    # binary rewards: correct == reward > 0.5, as before
+    binary = ExactMatchReward()
+    rewards, correct, _ = binary.evaluate(["4", "5", "####4"], [["4"], ["4"], ["4"]])
+    assert correct.tolist() == (rewards > 0.5).tolist() == [True, False, True]
+
+
+def test_graded_reward_above_half_is_not_counted_as_solved_anywhere():
+    # Knapsack: solve_* logs and the success history
+    knapsack = KnapsackAllocator(min_n=2, max_n=8, min_history=0)
+    model = GRPO(small_gpt(), reward=GradedNeverCorrect(), rollout_allocator=knapsack, rollouts_per_prompt=4,
+                 max_new_tokens=6, eval_samples=4, eval_k=[1, 4], rollout_seed=0)
+    trainer = Trainer(max_steps=1, limit_val_batches=0, **QUIET)
+    trainer.fit(model, datamodule=small_datamodule())
+    assert float(model.last_rollouts["rewards"].min()) > 0.5
+    assert trainer.callback_metrics["train/solve_none"] == 1 and trainer.callback_metrics["train/solve_all"] == 0
+    assert int(model.last_rollouts["correct"].sum()) == 0
+    assert knapsack.history and all(state["p"] == 0 for state in knapsack.history.values())
+    # validation: pass@k, accuracy and greedy accuracy
+    out = Trainer(limit_val_batches=1, **QUIET).validate(model, datamodule=small_datamodule(), verbose=False)[0]
+    for key in ("val/pass@1", "val/pass@4", "val/accuracy", "val/greedy_accuracy"):
+        assert out[key] == 0, key
+    # the SFT success rates
+    dm = small_datamodule()
+    dm.setup("fit")
+    rates = success_rates(model.policy, dm.val_dataloader(), dm.tokenizer, 2, 6, reward=GradedNeverCorrect(),
+                          generator=torch.Generator().manual_seed(0))
+    assert float(rates["p"].max()) == 0
+    # DARS: the stage-1 counts (all prompts unsolved, so all get a second stage) and the 2nd_saved bookkeeping
+    for threshold, solved in ((None, False), (0.0, True)):
+        dars = RecordingDARS("hardness_weighted", max_rollouts=8, success_threshold=threshold)
+        model = GRPO(small_gpt(), reward=GradedNeverCorrect(), rollout_allocator=dars, rollouts_per_prompt=4,
+                     max_new_tokens=6, eval_samples=2, rollout_seed=0)
+        trainer = Trainer(max_steps=1, limit_val_batches=0, **QUIET)
+        trainer.fit(model, datamodule=small_datamodule())
+        # DARS' own threshold reaches the first stage: 0.0 counts every rollout (> 0.5 reward) as a success
+        assert dars.stage1_correct.tolist() == [4 if solved else 0] * len(dars.stage1_correct), threshold
+        assert (trainer.callback_metrics["train/rollouts_second_stage"] > 0) != solved
