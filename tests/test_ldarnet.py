@@ -503,7 +503,7 @@ def _write_nt_fna(path, rows):
                             for seq, name, _ in rows))
 
 
-def _write_nt_snapshot(root, parquet=True, fna=True):
+def _write_nt_snapshot(root, parquet=True, fna=True, converted=False):
     for task, train, test, with_task_column in (("H3", NT_H3_TRAIN, NT_H3_TEST, True),
                                                 ("promoter_tata", NT_H3_TEST, NT_H3_TRAIN, False)):
         (root / task).mkdir(parents=True)
@@ -515,14 +515,17 @@ def _write_nt_snapshot(root, parquet=True, fna=True):
                            "label": pa.array([r[2] for r in rows], pa.int32())}
                 if with_task_column:
                     columns["task"] = [task] * len(rows)
-                pq.write_table(pa.table(columns), root / task / f"{split}.parquet")
+                if converted:  # the Hub's parquet conversion: <task>/<split>/0000.parquet
+                    (root / task / split).mkdir()
+                pq.write_table(pa.table(columns), root / task / (f"{split}/0000.parquet" if converted else
+                                                                 f"{split}.parquet"))
             if fna:
                 _write_nt_fna(root / task / f"{split}.fna", rows)
 
 
-@pytest.mark.parametrize("files", ["parquet", "fna", "both"])
+@pytest.mark.parametrize("files", ["parquet", "fna", "both", "converted"])
 def test_nucleotide_transformer_snapshot_root(tmp_path, files):
-    _write_nt_snapshot(tmp_path, parquet=files != "fna", fna=files != "parquet")
+    _write_nt_snapshot(tmp_path, parquet=files != "fna", fna=files in ("fna", "both"), converted=files == "converted")
     seqs, labels = read_nucleotide_transformer(str(tmp_path), "train", "H3")
     assert [decode(s) for s in seqs] == [r[0] for r in NT_H3_TRAIN] and labels.tolist() == [0, 1, 0]
     seqs, labels = read_nucleotide_transformer(str(tmp_path), "test", "promoter_tata")
@@ -553,6 +556,19 @@ def test_nucleotide_transformer_fna_only_task_is_found_and_headers_checked(tmp_p
     with pytest.raises(UserInputError, match="no 'test' split"):
         read_nucleotide_transformer(str(tmp_path), "test", None)
 
+
+
+def test_nucleotide_transformer_reads_the_fna_when_pyarrow_is_unusable(tmp_path, monkeypatch):
+    import datamodules.genomics as genomics
+
+    _write_nt_snapshot(tmp_path)  # parquet and FASTA side by side, as released
+    monkeypatch.setattr(genomics, "_pyarrow_error", lambda: "numpy ABI mismatch")
+    seqs, labels = read_nucleotide_transformer(str(tmp_path), "train", "H3")
+    assert [decode(s) for s in seqs] == [r[0] for r in NT_H3_TRAIN] and labels.tolist() == [0, 1, 0]
+    for split in ("train", "test"):
+        (tmp_path / "H3" / f"{split}.fna").unlink()
+    with pytest.raises(UserInputError, match=r"needs a working pyarrow \(numpy ABI mismatch\).*\.fna"):
+        read_nucleotide_transformer(str(tmp_path), "train", "H3")
 
 def _write_genomic_benchmark(folder, classes=("negative", "positive")):
     for split in ("train", "test"):
