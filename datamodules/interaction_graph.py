@@ -23,7 +23,8 @@ Splits (deterministic given ``seed``)
 -------------------------------------
 Sources that are not pre-split (synthetic, recbole, movielens100k) are de-duplicated and split per user at
 random into train/valid/test with ``split`` (default 70/10/20): a user with n interactions gets
-``round(0.2 n)`` test and ``round(0.1 n)`` valid items, but always keeps at least one train item. For these
+``round(0.2 n)`` test and ``round(0.1 n)`` valid items, but always keeps at least one train item
+(``split_rounding="floor"``: RecBole's counts, rounded down). For these
 and ``ntssm_triplets``, as in the official NT-SSM code (SELFRec), ids are then re-indexed from the **train**
 split only (sorted raw ids, so files whose train ids are already 0..n-1 keep their numbering), and valid/test
 interactions whose user or item never occurs in train are **dropped**, with a logged count (``dropped``
@@ -89,6 +90,8 @@ class GraphRecDataModule(LightningDataModule):
         source: "synthetic" (embedded), "lightgcn_txt", "ntssm_triplets", "recbole" or "movielens100k".
         data_dir: folder (or ``.inter`` file for recbole) with the files; None for synthetic/movielens100k.
         split: train/valid/test fractions per user for sources that are not pre-split (sum 1).
+        split_rounding: held-out counts per user: "nearest" (round(f n), the default) or "floor" (RecBole's
+            ``split_by_ratio``: rounded down, a part with 0 < f n < 1 gets one row); see `per_user_split`.
         lightgcn_valid_fraction: share of each user's train items held out for validation (lightgcn_txt).
         batch_size: (user, item) training pairs per batch (official 2048). eval_batch_size: users per
             evaluation batch (memory eval_batch_size x num_items floats).
@@ -99,6 +102,7 @@ class GraphRecDataModule(LightningDataModule):
     def __init__(self, source: Literal["synthetic", "lightgcn_txt", "ntssm_triplets", "recbole",
                                        "movielens100k"] = "synthetic",
                  data_dir: str | None = None, split: tuple[float, float, float] = (0.7, 0.1, 0.2),
+                 split_rounding: Literal["nearest", "floor"] = "nearest",
                  lightgcn_valid_fraction: float = 0.125, batch_size: int = 2048, eval_batch_size: int = 256,
                  num_workers: int = 0, seed: int = 0,
                  synthetic_users: int = 1000, synthetic_items: int = 1500, synthetic_clusters: int = 10,
@@ -117,6 +121,9 @@ class GraphRecDataModule(LightningDataModule):
         if len(split) != 3 or min(split) < 0 or abs(sum(split) - 1.0) > 1e-6 or split[0] <= 0:
             raise UserInputError(f"split={list(split)} must be three non-negative train/valid/test fractions "
                                  "summing to 1 with train > 0, e.g. [0.7, 0.1, 0.2].")
+        if split_rounding not in ("nearest", "floor"):
+            raise UserInputError(f"split_rounding={split_rounding!r} is unknown: choose 'nearest' (round f n) or "
+                                 "'floor' (RecBole's split counts).")
         check_range("lightgcn_valid_fraction", lightgcn_valid_fraction, 0.0, 1.0, high_inclusive=False)
         check_range("batch_size", batch_size, 1)
         check_range("eval_batch_size", eval_batch_size, 1)
@@ -192,13 +199,14 @@ class GraphRecDataModule(LightningDataModule):
         train = _unique_pairs(train_users, train_items)
         fraction = self.hparams.lightgcn_valid_fraction
         part = per_user_split(train[0], (1 - fraction, fraction, 0.0),
-                              np.random.default_rng([self.seed, _STREAM_SPLIT]))
+                              np.random.default_rng([self.seed, _STREAM_SPLIT]), self.hparams.split_rounding)
         return GraphSplit((train[0][part == 0], train[1][part == 0]), (train[0][part == 1], train[1][part == 1]),
                           _unique_pairs(test_users, test_items), num_users, num_items, {"valid": 0, "test": 0})
 
     def _split_and_index(self, users: np.ndarray, items: np.ndarray) -> GraphSplit:
         users, items = _unique_pairs(users, items)
-        part = per_user_split(users, tuple(self.hparams.split), np.random.default_rng([self.seed, _STREAM_SPLIT]))
+        part = per_user_split(users, tuple(self.hparams.split), np.random.default_rng([self.seed, _STREAM_SPLIT]),
+                              self.hparams.split_rounding)
         return reindex_by_train(*[(users[part == k], items[part == k]) for k in range(3)])
 
     # ----------------------------------------------------------------------------------------- graph
@@ -339,9 +347,15 @@ def _hash_uniform(seed: int, epoch: np.ndarray, edge: np.ndarray, attempt: int, 
 
 
 # ============================================================================================ splits
-def per_user_split(users: np.ndarray, fractions: tuple[float, float, float], rng: np.random.Generator) -> np.ndarray:
-    """Part (0 train, 1 valid, 2 test) of every interaction: per user with n rows, round(f_test n) test and
-    round(f_valid n) valid rows chosen at random, at least one row kept for train (vectorised)."""
+def per_user_split(users: np.ndarray, fractions: tuple[float, float, float], rng: np.random.Generator,
+                   rounding: str = "nearest") -> np.ndarray:
+    """Part (0 train, 1 valid, 2 test) of every interaction: per user with n rows, n_test test and n_valid valid rows
+    chosen at random, at least one row kept for train (vectorised).
+
+    ``rounding="nearest"``: n_test = round(f_test n), n_valid = round(f_valid n) (halves up). ``"floor"``: RecBole's
+    ``split_by_ratio`` counts (``Dataset._calcu_split_ids``): each held-out part rounded down, then a part with
+    0 < f n < 1 (test first) gets one row while more than one train row is left.
+    """
     n_rows = len(users)
     order = np.lexsort((rng.random(n_rows), users))             # random order within each user
     sorted_users = users[order]
@@ -349,8 +363,17 @@ def per_user_split(users: np.ndarray, fractions: tuple[float, float, float], rng
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
     rank = np.arange(n_rows) - starts[sorted_users]
     n = counts[sorted_users]
-    n_test = np.floor(fractions[2] * n + 0.5).astype(np.int64)
-    n_valid = np.floor(fractions[1] * n + 0.5).astype(np.int64)
+    if rounding == "floor":
+        n_test = np.floor(fractions[2] * n).astype(np.int64)
+        n_valid = np.floor(fractions[1] * n).astype(np.int64)
+        for fraction, count in ((fractions[2], n_test), (fractions[1], n_valid)):
+            bump = (fraction * n > 0) & (fraction * n < 1) & (n - n_test - n_valid > 1)
+            count += bump
+    elif rounding == "nearest":
+        n_test = np.floor(fractions[2] * n + 0.5).astype(np.int64)
+        n_valid = np.floor(fractions[1] * n + 0.5).astype(np.int64)
+    else:
+        raise UserInputError(f"split_rounding={rounding!r} is unknown: choose 'nearest' or 'floor' (RecBole).")
     n_test = np.minimum(n_test, n - 1)
     n_valid = np.minimum(n_valid, n - 1 - n_test)
     part_sorted = np.where(rank < n_test, 2, np.where(rank < n_test + n_valid, 1, 0))

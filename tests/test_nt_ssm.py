@@ -386,6 +386,32 @@ def test_per_user_split_is_deterministic_and_keeps_a_train_item():
     assert np.allclose(shares, (0.7, 0.1, 0.2), atol=0.03)
 
 
+def test_per_user_split_floor_rounding_matches_recboles_counts():
+    """RecBole's split_by_ratio counts (Dataset._calcu_split_ids, written out): held-out parts rounded down, then a
+    part with 0 < f n < 1 (test first) gets one row while more than one train row is left."""
+    def recbole_counts(tot, ratios):
+        cnt = [int(r * tot) for r in ratios]
+        cnt[0] = tot - sum(cnt[1:])
+        for i in range(1, len(ratios)):
+            if cnt[0] <= 1:
+                break
+            if 0 < ratios[-i] * tot < 1:
+                cnt[-i] += 1
+                cnt[0] -= 1
+        return cnt
+
+    sizes = np.arange(1, 61)
+    users = np.repeat(np.arange(len(sizes)), sizes)
+    for fractions in ((0.8, 0.1, 0.1), (0.7, 0.1, 0.2), (0.6, 0.3, 0.1)):
+        part = per_user_split(users, fractions, np.random.default_rng(0), rounding="floor")
+        for user, n in enumerate(sizes):
+            assert np.bincount(part[users == user], minlength=3).tolist() == recbole_counts(int(n), fractions), n
+    nearest = per_user_split(users, (0.8, 0.1, 0.1), np.random.default_rng(0))
+    assert (nearest[users == 24] == 2).sum() == 3  # round(2.5) = 3 by default, RecBole's floor gives 2
+    with pytest.raises(UserInputError, match="split_rounding='up' is unknown"):
+        GraphRecDataModule(split_rounding="up")
+
+
 @pytest.fixture(scope="module")
 def small_graph():
     dm = GraphRecDataModule(synthetic_users=120, synthetic_items=90, synthetic_clusters=3, batch_size=64,
