@@ -15,27 +15,46 @@ Sources
   nose tip, mouth corners, upper/lower lip, chin) computed from the nuisance parameters with the **mean**
   identity shape: it carries pose and expression but no identity (like a 3DMM render with the mean shape),
   so the generator must take the identity from its identity condition (a documented reconstruction choice).
-* ``celeba``: ``data_dir/img_align_celeba/*.jpg`` (or ``.png``) with ``data_dir/identity_CelebA.txt``
-  (lines ``<file name> <identity id>``, CelebA's format). The 5-point landmark file
-  ``data_dir/list_landmarks_align_celeba.txt`` (CelebA's format: a count line, a header line, then
-  ``<file> lefteye_x lefteye_y righteye_x righteye_y nose_x nose_y leftmouth_x leftmouth_y rightmouth_x
-  rightmouth_y`` in pixels of the original image) gives the geometry map when ``real_geometry="landmarks"``.
-* ``lfw``: ``data_dir/<person name>/*.jpg`` (one folder per identity, LFW's layout). LFW ships no landmarks, so
-  only ``real_geometry="none"`` (an all-zero geometry map) is allowed.
+* ``celeba``: ``img_align_celeba/*.jpg`` (or ``.png``) with ``identity_CelebA.txt`` (lines ``<file name>
+  <identity id>``, CelebA's format). ``data_dir`` may be the folder holding them (torchvision's
+  ``<root>/celeba``), torchvision's ``<root>`` itself, or the release as distributed (``Img/img_align_celeba/``,
+  ``Anno/``, ``Eval/``). The 5-point landmark file ``list_landmarks_align_celeba.txt`` (CelebA's format: a count
+  line, a header line, then ``<file> lefteye_x lefteye_y righteye_x righteye_y nose_x nose_y leftmouth_x
+  leftmouth_y rightmouth_x rightmouth_y`` in pixels of the original image) gives the geometry map when
+  ``real_geometry="landmarks"``; ``list_eval_partition.txt`` (``<file> <0|1|2>``) gives the official split.
+* ``lfw``: ``<person name>/<person name>_0001.jpg`` (one folder per identity, LFW's layout). ``data_dir`` may be
+  that folder, the folder that holds ``lfw/`` (the release, with ``pairs.txt`` next to ``lfw/``) or
+  torchvision's root (``lfw-py/lfw/`` and ``lfw-py/pairs.txt``; ``lfw_funneled``/``lfw-deepfunneled`` are taken
+  when ``lfw`` is absent). ``pairs.txt`` (or the file ``lfw_pairs`` names, e.g. ``pairsDevTest.txt``) gives the
+  official verification pairs. LFW ships no landmarks, so only ``real_geometry="none"`` (an all-zero geometry
+  map) is allowed.
 
 Real images are read with PIL, converted to grey and resized (not cropped) to ``image_size`` squared; at most
-``max_images`` images (the first ones in sorted file order) are read, eagerly. Identities with fewer than
-``min_images_per_identity`` images are dropped and their count is logged. Nothing is downloaded; a missing
+``max_images`` images (the first ones in file order) are read per part of the split, eagerly. Identities with
+fewer than ``min_images_per_identity`` images are dropped and their count is logged. Nothing is downloaded; a missing
 folder/file or a malformed line raises `UserInputError` naming the file, the line and the expected format.
 
 Splits (deterministic given ``seed``)
 -------------------------------------
-Identities are shuffled with ``seed`` and renumbered: the first ``1 - heldout_identity_fraction`` of them are the
-**training identities** (labels ``0 .. num_train_identities - 1``, what the identity encoder's classifier sees),
-the rest are **held-out identities** (open-set verification, as face-recognition benchmarks do).
-``train``: all but ``val_fraction`` of each training identity's images; ``val``: the rest of those images
-(closed-set accuracy, diffusion loss); ``test`` / ``predict``: every image of the held-out identities. For the
-synthetic source the identity parameters are i.i.d., so renumbering is a no-op and the last identities are held out.
+The protocol is open-set: the identity encoder's classifier sees the **training identities** (labels
+``0 .. num_train_identities - 1``), and the **held-out identities** (the labels after them) are the test set, as
+face-recognition benchmarks do. ``train``: all but ``val_fraction`` of each training identity's images; ``val``:
+the rest of those images (closed-set accuracy, diffusion loss; always drawn, with ``seed``); ``test`` /
+``predict``: the held-out identities' images. Which identities are held out (``split``):
+
+* **official** (``split="auto"`` when the release's file is present, or ``split="official"``, which requires it):
+  CelebA's ``list_eval_partition.txt``: the training identities are those of partition 0, the held-out ones those
+  of partition 2 (the benchmark's identity-disjoint test set); partition 1 (the benchmark's validation identities)
+  is not used, because validation here is closed-set. LFW's pairs file (the verification protocol): every person
+  named in a pair is held out and the test split is exactly the images the pairs name; the training identities
+  are the other people. `FaceDataModule.verification_pairs` returns the pairs (``(i, j, same)`` rows into
+  ``split_tensors("test")``): evaluate verification on them. ``heldout_identity_fraction`` is not used, held-out
+  identities are kept even below ``min_images_per_identity``, and ``max_images`` caps the training and the test
+  part separately (LFW pairs whose images were not read are left out, with a warning).
+* **drawn** (``split="drawn"``, or ``auto`` without the file, and always for the synthetic source): identities are
+  shuffled with ``seed`` and the last ``heldout_identity_fraction`` of them are held out; there are no official
+  pairs (`verification_pairs` returns None): verification uses every pair of the test split. For the synthetic
+  source the identity parameters are i.i.d., so the shuffle is skipped and the last identities are held out.
 """
 from __future__ import annotations
 
@@ -57,6 +76,9 @@ from lightning_modules.errors import UserInputError, check_range
 log = logging.getLogger(__name__)
 
 SOURCES = ("synthetic", "celeba", "lfw")
+SPLITS = ("auto", "official", "drawn")
+CELEBA_IMAGES, CELEBA_IDENTITIES = "img_align_celeba", "identity_CelebA.txt"
+CELEBA_LANDMARKS, CELEBA_PARTITION = "list_landmarks_align_celeba.txt", "list_eval_partition.txt"
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
 # seed streams (2 is the training shuffle of datamodules.sampling)
 _STREAM_IDENTITY, _STREAM_NUISANCE, _STREAM_PIXEL_NOISE, _STREAM_SPLIT, _STREAM_KEYS = 11, 12, 13, 14, 15
@@ -284,35 +306,166 @@ def read_celeba_landmarks(path: str) -> dict[str, np.ndarray]:
     return table
 
 
-def _celeba_files(data_dir: str) -> tuple[list[str], list[int], str]:
-    image_dir = os.path.join(data_dir, "img_align_celeba")
-    if not os.path.isdir(image_dir):
-        raise UserInputError(f"source='celeba' expects the image folder '{image_dir}' (CelebA's img_align_celeba/) "
-                             "and the labels file identity_CelebA.txt in data_dir.")
-    rows = read_celeba_identities(os.path.join(data_dir, "identity_CelebA.txt"))
+def _first_existing(candidates: list[str], kind: str = "file") -> str | None:
+    test = os.path.isfile if kind == "file" else os.path.isdir
+    return next((c for c in candidates if test(c)), None)
+
+
+def celeba_layout(data_dir: str) -> tuple[str, dict[str, str | None]]:
+    """(image folder, {annotation file name: path or None}) of a CelebA copy.
+
+    ``data_dir`` may be the folder holding ``img_align_celeba/`` and the annotation files (torchvision's
+    ``<root>/celeba``), torchvision's root itself (``<root>/celeba/img_align_celeba``), or the release as
+    distributed (``Img/img_align_celeba/``, ``Anno/*.txt``, ``Eval/list_eval_partition.txt``).
+    """
+    bases = [data_dir, os.path.join(data_dir, "celeba")]
+    image_dir = _first_existing([os.path.join(b, sub, CELEBA_IMAGES) for b in bases for sub in ("", "Img")], "dir")
+    if image_dir is None:
+        raise UserInputError(f"source='celeba' found no image folder {CELEBA_IMAGES}/ in '{data_dir}' (nor in its "
+                             f"celeba/ or Img/ subfolders). Point data_dir at the folder holding {CELEBA_IMAGES}/ and "
+                             "identity_CelebA.txt (torchvision's root, its celeba/ folder, or the release's root).")
+    base = os.path.dirname(image_dir)
+    if os.path.basename(base) == "Img":
+        base = os.path.dirname(base)
+    files = {name: _first_existing([os.path.join(base, sub, name) for sub in ("", "Anno", "Eval")])
+             for name in (CELEBA_IDENTITIES, CELEBA_LANDMARKS, CELEBA_PARTITION)}
+    return image_dir, files
+
+
+def read_celeba_partition(path: str) -> dict[str, int]:
+    """``list_eval_partition.txt``: one ``<file name> <0 train | 1 validation | 2 test>`` per line."""
+    table = {}
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            parts = line.split()
+            if not parts:
+                continue
+            if len(parts) != 2 or parts[1] not in ("0", "1", "2"):
+                raise UserInputError(f"{path}, line {number}: expected '<file name> <0|1|2>' (0 train, 1 validation, "
+                                     f"2 test), got {line.strip()[:120]!r}.")
+            table[parts[0]] = int(parts[1])
+    return table
+
+
+def _celeba_files(data_dir: str, split: str) -> tuple[list[str], list[int], list[str], dict[str, str | None]]:
+    """(image paths, identity ids, roles, annotation files); a role is "pool" (drawn split), "train" or "test"."""
+    image_dir, files = celeba_layout(data_dir)
+    if files[CELEBA_IDENTITIES] is None:
+        raise UserInputError(f"identity labels file {CELEBA_IDENTITIES} is missing next to '{image_dir}' (also looked "
+                             "in Anno/): source='celeba' expects CelebA's identity_CelebA.txt with lines "
+                             "'<file name> <identity id>'.")
+    rows = read_celeba_identities(files[CELEBA_IDENTITIES])
     missing = [name for name, _ in rows if not os.path.isfile(os.path.join(image_dir, name))]
     if missing:
         raise UserInputError(f"{len(missing)} images named in identity_CelebA.txt are missing from {image_dir}, "
                              f"e.g. {missing[:3]}. Copy them or remove their lines.")
-    return [os.path.join(image_dir, n) for n, _ in rows], [i for _, i in rows], image_dir
+    roles = ["pool"] * len(rows)
+    if split == "official" and files[CELEBA_PARTITION] is None:
+        raise UserInputError(f"split='official' needs CelebA's {CELEBA_PARTITION} (next to {CELEBA_IMAGES}/ or in "
+                             "Eval/); add it, or set split: drawn to hold out identities at random.")
+    if split != "drawn" and files[CELEBA_PARTITION] is not None:
+        partition = read_celeba_partition(files[CELEBA_PARTITION])
+        unlisted = [name for name, _ in rows if name not in partition]
+        if unlisted:
+            raise UserInputError(f"{files[CELEBA_PARTITION]} has no partition for {len(unlisted)} images of "
+                                 f"{CELEBA_IDENTITIES}, e.g. {unlisted[:3]}; use the release's file, or set split: drawn.")
+        parts = {identity: set() for _, identity in rows}
+        for name, identity in rows:
+            parts[identity].add(partition[name])
+        mixed = [identity for identity, p in parts.items() if 0 in p and 2 in p]
+        if mixed:
+            raise UserInputError(f"{files[CELEBA_PARTITION]}: identities {mixed[:3]} have images in both the training "
+                                 "(0) and the test (2) partition, so the official split is not identity-disjoint; use "
+                                 "the release's file, or set split: drawn.")
+        # partition 1 (the benchmark's validation identities) is not used: validation is closed-set (see Splits)
+        roles = [{0: "train", 1: "unused", 2: "test"}[partition[name]] for name, _ in rows]
+    return [os.path.join(image_dir, n) for n, _ in rows], [i for _, i in rows], roles, files
 
 
-def _lfw_files(data_dir: str) -> tuple[list[str], list[int], list[str]]:
+def read_lfw_pairs(path: str) -> list[tuple[str, int, str, int]]:
+    """LFW's ``pairs.txt`` (or ``pairsDevTest.txt``/``pairsDevTrain.txt``): a header line (``<folds> <pairs>`` or
+    ``<pairs>``), then ``<name> <n1> <n2>`` (same person) and ``<name1> <n1> <name2> <n2>`` (different people) lines;
+    ``n`` is the image number in ``<name>/<name>_<n:04d>.jpg``. Returns (name1, n1, name2, n2) tuples."""
+    pairs = []
+    with open(path) as f:
+        lines = f.read().splitlines()
+    for number, line in enumerate(lines, 1):
+        parts = line.split()
+        if not parts or (number == 1 and all(p.isdigit() for p in parts)):
+            continue
+        try:
+            if len(parts) == 3:
+                pairs.append((parts[0], int(parts[1]), parts[0], int(parts[2])))
+            elif len(parts) == 4:
+                pairs.append((parts[0], int(parts[1]), parts[2], int(parts[3])))
+            else:
+                raise ValueError
+        except ValueError:
+            raise UserInputError(f"{path}, line {number}: expected '<name> <n1> <n2>' or '<name1> <n1> <name2> <n2>' "
+                                 f"(LFW's pairs format), got {line.strip()[:120]!r}.") from None
+    if not pairs:
+        raise UserInputError(f"LFW pairs file '{path}' lists no pairs.")
+    return pairs
+
+
+def lfw_layout(data_dir: str, pairs_file: str) -> tuple[str, str | None]:
+    """(folder of the person folders, pairs file or None). ``data_dir`` may be that folder itself, the folder that
+    holds ``lfw/`` (the release: ``lfw/<person>/<person>_0001.jpg`` next to ``pairs.txt``), or torchvision's root
+    (``lfw-py/lfw/...`` and ``lfw-py/pairs.txt``); the funneled variants ``lfw_funneled``/``lfw-deepfunneled``
+    are taken when ``lfw`` is absent."""
     if not os.path.isdir(data_dir):
         raise UserInputError(f"data_dir '{data_dir}' does not exist: source='lfw' expects one folder per person "
-                             "(data_dir/<person name>/*.jpg).")
-    people = sorted(d for d in os.listdir(data_dir) if os.path.isdir(os.path.join(data_dir, d)))
-    paths, labels = [], []
+                             "(data_dir/<person name>/*.jpg, or data_dir/lfw/<person name>/*.jpg).")
+    candidates = [os.path.join(data_dir, base, images) for base in ("lfw-py", "")
+                  for images in ("lfw", "lfw_funneled", "lfw-deepfunneled")]
+    image_dir = _first_existing(candidates, "dir") or data_dir
+    search = [os.path.dirname(image_dir), image_dir, data_dir]
+    return image_dir, _first_existing([os.path.join(d, pairs_file) for d in search])
+
+
+def _lfw_files(data_dir: str, split: str, pairs_file: str
+               ) -> tuple[list[str], list[int], list[str], list[tuple[str, str, bool]] | None]:
+    """(image paths, person ids, roles, pairs as (path1, path2, same) or None); roles as in `_celeba_files`."""
+    image_dir, pairs_path = lfw_layout(data_dir, pairs_file)
+    if split == "official" and pairs_path is None:
+        raise UserInputError(f"split='official' needs LFW's {pairs_file} (next to the lfw/ folder or in data_dir); add "
+                             "it, or set split: drawn to hold out identities at random.")
+    people = sorted(d for d in os.listdir(image_dir) if os.path.isdir(os.path.join(image_dir, d)))
+    pairs = None
+    pair_people: set[str] = set()
+    pair_paths: set[str] = set()
+    if split != "drawn" and pairs_path is not None:
+        pairs = []
+        for name1, n1, name2, n2 in read_lfw_pairs(pairs_path):
+            path1, path2 = (os.path.join(image_dir, n, f"{n}_{k:04d}.jpg") for n, k in ((name1, n1), (name2, n2)))
+            for path in (path1, path2):
+                if not os.path.isfile(path):
+                    raise UserInputError(f"{pairs_path} names '{path}', which does not exist: the LFW image folder "
+                                         f"'{image_dir}' is incomplete (or a different pairs file); restore it, or set "
+                                         "split: drawn.")
+            pairs.append((path1, path2, name1 == name2))
+            pair_people.update((name1, name2))
+            pair_paths.update((path1, path2))
+    paths, labels, roles = [], [], []
     for label, person in enumerate(people):
-        folder = os.path.join(data_dir, person)
+        folder = os.path.join(image_dir, person)
         for name in sorted(os.listdir(folder)):
-            if name.lower().endswith(IMAGE_EXTENSIONS):
-                paths.append(os.path.join(folder, name))
-                labels.append(label)
+            if not name.lower().endswith(IMAGE_EXTENSIONS):
+                continue
+            path = os.path.join(folder, name)
+            if pairs is None:
+                role = "pool"
+            elif person in pair_people:   # held out; only the images the pairs name are read
+                role = "test" if path in pair_paths else "unused"
+            else:
+                role = "train"
+            paths.append(path)
+            labels.append(label)
+            roles.append(role)
     if not paths:
-        raise UserInputError(f"no images found under '{data_dir}': source='lfw' expects data_dir/<person name>/"
-                             f"*{'/'.join(IMAGE_EXTENSIONS)}.")
-    return paths, labels, people
+        raise UserInputError(f"no images found under '{image_dir}': source='lfw' expects data_dir/<person name>/"
+                             f"*{'/'.join(IMAGE_EXTENSIONS)} (or data_dir/lfw/<person name>/...).")
+    return paths, labels, roles, pairs
 
 
 # ============================================================================================== datamodule
@@ -341,8 +494,11 @@ class FaceDataModule(LightningDataModule):
         heldout_identity_fraction: fraction of identities kept out of training (open-set test).
         val_fraction: fraction of each training identity's images used for validation.
         real_geometry: "landmarks" (CelebA's 5-point file) or "none" (zero geometry map) for real data.
-        max_images: read at most this many real images (sorted order); null = all.
+        max_images: read at most this many real images per part of the split (file order); null = all.
         min_images_per_identity: real identities with fewer images are dropped (logged).
+        split: "auto" (the release's own split when its file is in data_dir, else drawn), "official" (require
+            CelebA's list_eval_partition.txt / LFW's pairs file) or "drawn" (identities held out at random).
+        lfw_pairs: file name of the LFW pairs list used by the official split (pairs.txt, or pairsDevTest.txt).
         batch_size / eval_batch_size / num_workers: loaders; seed: data, split and key seed.
     """
 
@@ -350,7 +506,8 @@ class FaceDataModule(LightningDataModule):
                  image_size: int = 16, num_identities: int = 200, images_per_identity: int = 12,
                  heldout_identity_fraction: float = 0.2, val_fraction: float = 0.2,
                  real_geometry: Literal["landmarks", "none"] = "landmarks", max_images: int | None = None,
-                 min_images_per_identity: int = 2, batch_size: int = 64, eval_batch_size: int = 256,
+                 min_images_per_identity: int = 2, split: Literal["auto", "official", "drawn"] = "auto",
+                 lfw_pairs: str = "pairs.txt", batch_size: int = 64, eval_batch_size: int = 256,
                  num_workers: int = 0, seed: int = 0) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -361,6 +518,13 @@ class FaceDataModule(LightningDataModule):
                                  "remove data_dir or choose source 'celeba' / 'lfw'.")
         if source != "synthetic" and not data_dir:
             raise UserInputError(f"source={source!r} needs data_dir (the folder holding the data set).")
+        if split not in SPLITS:
+            raise UserInputError(f"split={split!r} is unknown: choose one of {', '.join(SPLITS)}.")
+        if source == "synthetic" and split == "official":
+            raise UserInputError("source='synthetic' has no official split: use split: auto or drawn.")
+        if not isinstance(lfw_pairs, str) or not lfw_pairs or os.path.basename(lfw_pairs) != lfw_pairs:
+            raise UserInputError(f"lfw_pairs={lfw_pairs!r} must be a file name (e.g. pairs.txt or pairsDevTest.txt) "
+                                 "looked up next to the LFW image folder.")
         if real_geometry not in ("landmarks", "none"):
             raise UserInputError(f"real_geometry={real_geometry!r} is unknown: choose 'landmarks' or 'none'.")
         if source == "lfw" and real_geometry == "landmarks":
@@ -383,23 +547,32 @@ class FaceDataModule(LightningDataModule):
             min_images_per_identity
         self.batch_size, self.eval_batch_size, self.num_workers, self.seed = batch_size, eval_batch_size, \
             num_workers, seed
+        self.split, self.lfw_pairs = split, lfw_pairs
+        self.official_split = False     # set by setup(): whether the release's own split was used
+        self._pair_rows: Tensor | None = None
         self._built = False
 
     # ------------------------------------------------------------------------------------------- building
     def setup(self, stage: str | None = None) -> None:
         if self._built:
             return
+        heldout = None
         if self.source == "synthetic":
             images, geometry, ids, self.identity_params, self.nuisance = synthetic_faces(
                 self.num_identities, self.images_per_identity, self.image_size, self.seed)
             order = torch.arange(self.num_identities)  # i.i.d. identities: the last ones are held out
         else:
-            images, geometry, ids = self._load_real()
+            images, geometry, ids, heldout = self._load_real()
             gen = torch.Generator().manual_seed(mix_seed(self.seed, _STREAM_SPLIT))
             order = torch.randperm(int(ids.max()) + 1, generator=gen)
+            if heldout is not None:  # official split: its training identities first, its test identities last
+                order = torch.cat([order[~heldout[order]], order[heldout[order]]])
         num = len(order)
-        num_train = num - max(1, round(self.heldout_identity_fraction * num)) if self.heldout_identity_fraction > 0 \
-            else num
+        if self.source != "synthetic" and heldout is not None:
+            num_train = int((~heldout).sum())
+        else:
+            num_train = num - max(1, round(self.heldout_identity_fraction * num)) \
+                if self.heldout_identity_fraction > 0 else num
         if num_train < 2:
             raise UserInputError(f"only {num} identities: too few to hold out {self.heldout_identity_fraction:.0%} "
                                  "and still train on at least 2. Use more identities or a smaller fraction.")
@@ -430,30 +603,55 @@ class FaceDataModule(LightningDataModule):
         is_val = position >= (counts - n_val)[ident]
         return rows[~is_val].sort().values, rows[is_val].sort().values
 
-    def _load_real(self) -> tuple[Tensor, Tensor, Tensor]:
+    def _load_real(self) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """(images, geometry, identity ids 0..K-1, per identity True if the official split holds it out, or None)."""
+        pairs, landmark_file = None, None
         if self.source == "celeba":
-            paths, labels, image_dir = _celeba_files(self.data_dir)
+            paths, labels, roles, files = _celeba_files(self.data_dir, self.split)
+            landmark_file = files[CELEBA_LANDMARKS]
         else:
-            paths, labels, _ = _lfw_files(self.data_dir)
-        if self.max_images is not None:
-            paths, labels = paths[:self.max_images], labels[:self.max_images]
-        labels_t = torch.tensor(labels)
+            paths, labels, roles, pairs = _lfw_files(self.data_dir, self.split, self.lfw_pairs)
+        self.official_split = "pool" not in roles
+        kept = []
+        for role in ("pool", "train", "test"):   # max_images caps each part of the split separately
+            rows = [i for i, r in enumerate(roles) if r == role]
+            kept += rows[:self.max_images] if self.max_images is not None else rows
+        kept.sort()
+        paths, roles = [paths[i] for i in kept], [roles[i] for i in kept]
+        labels_t = torch.tensor([labels[i] for i in kept])
         unique, inverse, counts = torch.unique(labels_t, return_inverse=True, return_counts=True)
-        keep_identity = counts >= self.min_images_per_identity
+        test_identity = torch.zeros(len(unique), dtype=torch.bool)
+        test_identity[inverse[torch.tensor([r == "test" for r in roles], dtype=torch.bool)]] = True
+        # an official split's held-out identities are the benchmark's test set: kept whole
+        keep_identity = (counts >= self.min_images_per_identity) | test_identity
         if not keep_identity.all():
             log.warning("%d of %d identities have fewer than %d images and are dropped", int((~keep_identity).sum()),
                         len(unique), self.min_images_per_identity)
         keep = keep_identity[inverse]
-        if int(keep_identity.sum()) < 4:
-            raise UserInputError(f"only {int(keep_identity.sum())} identities have at least "
-                                 f"{self.min_images_per_identity} images in '{self.data_dir}': at least 4 are needed.")
+        if int((keep_identity & ~test_identity).sum()) < 2 or int(keep_identity.sum()) < 4:
+            raise UserInputError(f"only {int(keep_identity.sum())} identities ({int((keep_identity & ~test_identity).sum())}"
+                                 f" for training) have at least {self.min_images_per_identity} images in "
+                                 f"'{self.data_dir}': at least 4 (2 for training) are needed.")
         paths = [p for p, k in zip(paths, keep.tolist()) if k]
         ids = torch.cumsum(keep_identity.long(), 0)[inverse[keep]] - 1
+        heldout = test_identity[keep_identity] if self.official_split else None
+        if pairs is not None:
+            row = {p: i for i, p in enumerate(paths)}
+            usable = [(row[a], row[b], same) for a, b, same in pairs if a in row and b in row]
+            if len(usable) < len(pairs):
+                log.warning("%d of %d %s pairs name images that max_images did not read: they are left out, so "
+                            "this is not the full official protocol", len(pairs) - len(usable), len(pairs),
+                            self.lfw_pairs)
+            self._pair_rows = torch.tensor(usable, dtype=torch.long).reshape(-1, 3)
         images = torch.stack([_read_image(p, self.image_size) for p in paths])
         if self.real_geometry == "none":
             geometry = torch.zeros_like(images)
         else:
-            table = read_celeba_landmarks(os.path.join(self.data_dir, "list_landmarks_align_celeba.txt"))
+            if landmark_file is None:
+                raise UserInputError(f"landmark file {CELEBA_LANDMARKS} is missing (looked next to {CELEBA_IMAGES}/ "
+                                     "and in Anno/): real_geometry='landmarks' needs CelebA's "
+                                     f"{CELEBA_LANDMARKS} (or set real_geometry: none for an empty geometry map).")
+            table = read_celeba_landmarks(landmark_file)
             missing = [os.path.basename(p) for p in paths if os.path.basename(p) not in table]
             if missing:
                 raise UserInputError(f"list_landmarks_align_celeba.txt has no landmarks for {len(missing)} images, "
@@ -467,7 +665,17 @@ class FaceDataModule(LightningDataModule):
                 xy = table[os.path.basename(p)]
                 points.append(np.stack([(xy[:, 0] + 0.5) / w * 2 - 1, (xy[:, 1] + 0.5) / h * 2 - 1], -1))
             geometry = landmark_heatmap(torch.from_numpy(np.stack(points)).float(), self.image_size)
-        return images, geometry, ids
+        return images, geometry, ids, heldout
+
+    def verification_pairs(self) -> Tensor | None:
+        """The official verification pairs (LFW's pairs file) as rows ``(i, j, same)`` indexing
+        ``split_tensors("test")``; None when the data has none (then every pair of the test split is a pair)."""
+        self.setup()
+        if getattr(self, "_pair_rows", None) is None:
+            return None
+        test_rows = self.rows["test"]
+        position = torch.searchsorted(test_rows, self._pair_rows[:, :2].contiguous())
+        return torch.cat([position, self._pair_rows[:, 2:]], 1)
 
     # ------------------------------------------------------------------------------------------- loaders
     def dataset(self, split: str) -> FaceDataset:

@@ -391,6 +391,152 @@ def test_loader_errors_name_the_problem(tmp_path):
         FaceDataModule(image_size=4)
 
 
+# ------------------------------------------------------------------------ release layouts and official splits
+def _write_jpg(path, value: int, size=(18, 22)) -> None:
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.full((size[1], size[0], 3), value, dtype=np.uint8)).save(path, quality=95)
+
+
+def _grey_values(images, step: int = 10) -> list[int]:
+    return sorted(round(float(img.mean()) * 255 / step) * step for img in images)
+
+
+def _celeba_release(root, layout: str):
+    """CelebA as torchvision lays it out (``<root>/celeba/img_align_celeba/000001.jpg``, the annotation files in
+    ``<root>/celeba/``) or as the release is distributed (``Img/img_align_celeba/``, ``Anno/``, ``Eval/``).
+    8 identities x 3 images in file order; identities 101-104 in partition 0, 105-106 in 1, 107-108 in 2
+    (identity-disjoint, ordered by file as in the release). Image i has grey value 10 i."""
+    base = root / "celeba" if layout == "torchvision" else root
+    images = base / "img_align_celeba" if layout == "torchvision" else base / "Img" / "img_align_celeba"
+    anno = base if layout == "torchvision" else base / "Anno"
+    evals = base if layout == "torchvision" else base / "Eval"
+    ids, parts, marks = [], [], ["24", "lefteye_x lefteye_y righteye_x righteye_y nose_x nose_y leftmouth_x "
+                                       "leftmouth_y rightmouth_x rightmouth_y"]
+    for i in range(24):
+        name, identity = f"{i + 1:06d}.jpg", 101 + i // 3
+        _write_jpg(images / name, 10 * i)
+        ids.append(f"{name} {identity}")
+        parts.append(f"{name} {0 if identity <= 104 else 1 if identity <= 106 else 2}")
+        marks.append(f"{name:<10} 6 8 12 8 9 12 7 16 12 16")
+    for folder, file, lines in ((anno, "identity_CelebA.txt", ids), (evals, "list_eval_partition.txt", parts),
+                                (anno, "list_landmarks_align_celeba.txt", marks)):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / file).write_text("\n".join(lines) + "\n")
+    return root
+
+
+@pytest.mark.parametrize("layout", ["torchvision", "release"])
+def test_celeba_release_root_and_official_partition(tmp_path, layout):
+    root = _celeba_release(tmp_path, layout)
+    data = FaceDataModule(source="celeba", data_dir=str(root), image_size=8, val_fraction=0.34)
+    data.setup()
+    assert data.official_split and data.num_train_identities == 4       # the identities of partition 0
+    assert len(data.images) == 18                                       # partition 1 (6 images) is not read
+    test = data.split_tensors("test")
+    assert _grey_values(test["image"]) == [10 * i for i in range(18, 24)]  # exactly partition 2
+    assert set(test["identity"].tolist()) == {4, 5}
+    trainval = torch.cat([data.rows["train"], data.rows["val"]])
+    assert _grey_values(data.images[trainval]) == [10 * i for i in range(12)]
+    assert len(data.rows["val"]) == 4                                   # one image of each training identity
+    assert data.geometry.amax(dim=(1, 2, 3)).min() > 0.5                # landmarks found in the release layout
+    assert data.verification_pairs() is None
+    drawn = FaceDataModule(source="celeba", data_dir=str(root), image_size=8, split="drawn",
+                           heldout_identity_fraction=0.25)
+    drawn.setup()
+    assert not drawn.official_split and len(drawn.images) == 24 and drawn.num_train_identities == 6
+    (root / ("celeba" if layout == "torchvision" else "Eval") / "list_eval_partition.txt").unlink()
+    with pytest.raises(UserInputError, match=r"split='official' needs CelebA's list_eval_partition.txt"):
+        FaceDataModule(source="celeba", data_dir=str(root), image_size=8, split="official").setup()
+    auto = FaceDataModule(source="celeba", data_dir=str(root), image_size=8)
+    auto.setup()
+    assert not auto.official_split and len(auto.images) == 24           # no file: the split is drawn
+
+
+def test_celeba_partition_errors_name_the_problem(tmp_path):
+    root = _celeba_release(tmp_path, "torchvision") / "celeba"
+    partition = root / "list_eval_partition.txt"
+    lines = partition.read_text().splitlines()
+    partition.write_text("\n".join(lines[:5] + ["000006.jpg train"] + lines[6:]) + "\n")
+    with pytest.raises(UserInputError, match=r"list_eval_partition.txt, line 6: expected '<file name> <0\|1\|2>'"):
+        FaceDataModule(source="celeba", data_dir=str(tmp_path), image_size=8).setup()
+    partition.write_text("\n".join(lines[:-1]) + "\n")
+    with pytest.raises(UserInputError, match=r"no partition for 1 images.*000024.jpg"):
+        FaceDataModule(source="celeba", data_dir=str(tmp_path), image_size=8).setup()
+    partition.write_text("\n".join(lines[:-1] + ["000024.jpg 0"]) + "\n")    # identity 108 in 0 and 2
+    with pytest.raises(UserInputError, match=r"identities \[108\] have images in both the training"):
+        FaceDataModule(source="celeba", data_dir=str(tmp_path), image_size=8).setup()
+
+
+LFW_PEOPLE = {"Aaron_Peirsol": 2, "Abel_Pacheco": 3, "Adam_Sandler": 2, "Alan_Ball": 2, "Ali_Naimi": 2,
+              "Amber_Tamblyn": 2, "Bill_Gates": 4, "Colin_Powell": 2, "Dalai_Lama": 1, "Gray_Davis": 2}
+# LFW's pairs format: a "<folds> <pairs per fold>" header, matched "<name> <n1> <n2>", mismatched
+# "<name1> <n1> <name2> <n2>" (tab-separated)
+LFW_PAIRS = "1\t2\nBill_Gates\t1\t3\nColin_Powell\t1\t2\nDalai_Lama\t1\tGray_Davis\t2\nBill_Gates\t2\tGray_Davis\t1\n"
+
+
+def _lfw_release(root, layout: str):
+    """LFW as torchvision lays it out (``lfw-py/lfw/<name>/<name>_0001.jpg``, ``lfw-py/pairs.txt``) or as the
+    release unpacks (``lfw/<name>/...`` next to ``pairs.txt``). Image k of person p has grey value 8 (3 p + k)."""
+    base = root / "lfw-py" if layout == "torchvision" else root
+    for p, (name, count) in enumerate(LFW_PEOPLE.items()):
+        for k in range(1, count + 1):
+            _write_jpg(base / "lfw" / name / f"{name}_{k:04d}.jpg", 8 * (3 * p + k))
+    (base / "pairs.txt").write_text(LFW_PAIRS)
+    return root
+
+
+def _lfw_value(name: str, k: int) -> int:
+    return 8 * (3 * list(LFW_PEOPLE).index(name) + k)
+
+
+@pytest.mark.parametrize("layout", ["torchvision", "release", "image_folder"])
+def test_lfw_release_root_and_official_pairs(tmp_path, layout):
+    root = _lfw_release(tmp_path, "torchvision" if layout == "torchvision" else "release")
+    data_dir = root / "lfw" if layout == "image_folder" else root      # the person folders; pairs.txt one up
+    data = FaceDataModule(source="lfw", data_dir=str(data_dir), real_geometry="none", image_size=8,
+                          val_fraction=0.3)
+    data.setup()
+    assert data.official_split and data.num_train_identities == 6       # the people no pair names
+    test = data.split_tensors("test")
+    named = [("Bill_Gates", 1), ("Bill_Gates", 2), ("Bill_Gates", 3), ("Colin_Powell", 1), ("Colin_Powell", 2),
+             ("Dalai_Lama", 1), ("Gray_Davis", 1), ("Gray_Davis", 2)]
+    assert _grey_values(test["image"], 8) == sorted(_lfw_value(*n) for n in named)   # Bill_Gates_0004 is not read
+    pairs = data.verification_pairs()
+    assert pairs[:, 2].tolist() == [1, 1, 0, 0]
+    expected = [(("Bill_Gates", 1), ("Bill_Gates", 3)), (("Colin_Powell", 1), ("Colin_Powell", 2)),
+                (("Dalai_Lama", 1), ("Gray_Davis", 2)), (("Bill_Gates", 2), ("Gray_Davis", 1))]
+    for (i, j, _), (a, b) in zip(pairs.tolist(), expected):
+        assert _grey_values(test["image"][[i]], 8) == [_lfw_value(*a)]
+        assert _grey_values(test["image"][[j]], 8) == [_lfw_value(*b)]
+    same_identity = test["identity"][pairs[:, 0]] == test["identity"][pairs[:, 1]]
+    assert same_identity.tolist() == [True, True, False, False]
+    drawn = FaceDataModule(source="lfw", data_dir=str(data_dir), real_geometry="none", image_size=8, split="drawn")
+    drawn.setup()
+    assert drawn.verification_pairs() is None and len(drawn.images) == 21   # Dalai_Lama (1 image) dropped
+
+
+def test_lfw_pairs_errors_name_the_problem(tmp_path):
+    root = _lfw_release(tmp_path, "release")
+    (root / "pairs.txt").write_text("1\t2\nBill_Gates\t1\nColin_Powell\t1\t2\n")
+    with pytest.raises(UserInputError, match=r"pairs.txt, line 2: expected '<name> <n1> <n2>'"):
+        FaceDataModule(source="lfw", data_dir=str(root), real_geometry="none", image_size=8).setup()
+    (root / "pairs.txt").write_text("1\t1\nBill_Gates\t1\t9\n")
+    with pytest.raises(UserInputError, match=r"names '.*Bill_Gates_0009.jpg', which does not exist"):
+        FaceDataModule(source="lfw", data_dir=str(root), real_geometry="none", image_size=8).setup()
+    (root / "pairs.txt").unlink()
+    with pytest.raises(UserInputError, match=r"split='official' needs LFW's pairsDevTest.txt"):
+        FaceDataModule(source="lfw", data_dir=str(root), real_geometry="none", split="official",
+                       lfw_pairs="pairsDevTest.txt").setup()
+    with pytest.raises(UserInputError, match="lfw_pairs='../pairs.txt' must be a file name"):
+        FaceDataModule(source="lfw", data_dir=str(root), real_geometry="none", lfw_pairs="../pairs.txt")
+    with pytest.raises(UserInputError, match="split='random' is unknown"):
+        FaceDataModule(source="lfw", data_dir=str(root), real_geometry="none", split="random")
+    with pytest.raises(UserInputError, match="synthetic' has no official split"):
+        FaceDataModule(split="official")
+
+
 # ============================================================================================ the claim (slow)
 @pytest.mark.slow
 def test_reduced_experiment_reproduces_the_mechanisms(tmp_path):
