@@ -132,4 +132,5 @@ def test_same_model_resume_continues_and_names_the_configured_values_it_ignores(
     assert len(warnings) == 1, warnings
     assert "model.init_args.hidden_dim=16 (checkpoint: 128)" in warnings[0]
     assert "model.init_args.optimizer.init_args.lr=0.5 (checkpoint: 0.001)" in warnings[0]
+    assert warnings[0].count("(checkpoint:") == 2  # nothing else: an unchanged config resumes without warnings
     assert "data." not in warnings[0] and "init_from" in warnings[0]  # data values are not replaced on resume
