@@ -368,7 +368,8 @@ def _celeba_files(data_dir: str, split: str) -> tuple[list[str], list[int], list
         unlisted = [name for name, _ in rows if name not in partition]
         if unlisted:
             raise UserInputError(f"{files[CELEBA_PARTITION]} has no partition for {len(unlisted)} images of "
-                                 f"{CELEBA_IDENTITIES}, e.g. {unlisted[:3]}; use the release's file, or set split: drawn.")
+                                 f"{CELEBA_IDENTITIES}, e.g. {unlisted[:3]}; use the release's file, or set "
+                                 "split: drawn.")
         parts = {identity: set() for _, identity in rows}
         for name, identity in rows:
             parts[identity].add(partition[name])
@@ -628,10 +629,11 @@ class FaceDataModule(LightningDataModule):
             log.warning("%d of %d identities have fewer than %d images and are dropped", int((~keep_identity).sum()),
                         len(unique), self.min_images_per_identity)
         keep = keep_identity[inverse]
-        if int((keep_identity & ~test_identity).sum()) < 2 or int(keep_identity.sum()) < 4:
-            raise UserInputError(f"only {int(keep_identity.sum())} identities ({int((keep_identity & ~test_identity).sum())}"
-                                 f" for training) have at least {self.min_images_per_identity} images in "
-                                 f"'{self.data_dir}': at least 4 (2 for training) are needed.")
+        num_training = int((keep_identity & ~test_identity).sum())
+        if num_training < 2 or int(keep_identity.sum()) < 4:
+            raise UserInputError(f"only {int(keep_identity.sum())} identities ({num_training} for training) have at "
+                                 f"least {self.min_images_per_identity} images in '{self.data_dir}': at least 4 (2 "
+                                 "for training) are needed.")
         paths = [p for p, k in zip(paths, keep.tolist()) if k]
         ids = torch.cumsum(keep_identity.long(), 0)[inverse[keep]] - 1
         heldout = test_identity[keep_identity] if self.official_split else None

@@ -517,6 +517,17 @@ def test_lfw_release_root_and_official_pairs(tmp_path, layout):
     assert drawn.verification_pairs() is None and len(drawn.images) == 21   # Dalai_Lama (1 image) dropped
 
 
+def test_official_split_caps_each_part_and_reports_pairs_left_out(tmp_path, caplog):
+    root = _lfw_release(tmp_path, "release")
+    data = FaceDataModule(source="lfw", data_dir=str(root), real_geometry="none", image_size=8, max_images=7)
+    with caplog.at_level("WARNING", logger="datamodules.synthetic_faces"):
+        data.setup()
+    assert data.num_train_identities == 3          # the first 7 training images: Aaron 2, Abel 3, Adam 2
+    assert len(data.rows["test"]) == 7              # the first 7 of the 8 images the pairs name (Gray_Davis_0002 not)
+    assert data.verification_pairs()[:, 2].tolist() == [1, 1, 0]
+    assert "1 of 4 pairs.txt pairs name images that max_images did not read" in caplog.text
+
+
 def test_lfw_pairs_errors_name_the_problem(tmp_path):
     root = _lfw_release(tmp_path, "release")
     (root / "pairs.txt").write_text("1\t2\nBill_Gates\t1\nColin_Powell\t1\t2\n")
