@@ -17,6 +17,17 @@ randomly initialised policy (init_from=null; validation off), built through `exp
 
 ``--seeds`` = independent measurement rounds (each the minimum over ``--repeats``). Writes ``<out>/rlvr_speed.json``
 in the kit's schema: arms = what is timed, metrics = throughputs (tokens/s or steps/s) and seconds.
+
+Memory (``--memory``, Linux): peak resident memory of GRPO's log-prob + entropy computation, forward and backward,
+for one micro-batch of a large-vocabulary tiny model (TinyGPT, vocabulary ``--vocab`` 151,936 as Qwen2.5, d 64,
+1 layer, ``--micro`` 2 rows x ``--tokens`` 512 tokens, temperature 1.0), before (the direct fp32 ``log_softmax``
+and ``exp`` over the whole vocabulary, kept here as `full_vocabulary_logprobs`) and after
+(`lightning_modules.grpo.completion_logprobs`: gather minus logsumexp, entropy in chunks, chunks recomputed in
+backward). Each arm runs in a fresh process; the figure is the peak RSS during the step minus the RSS before it
+(``ru_maxrss`` vs ``/proc/self/status``), with the entropy bonus off (GRPO's default: entropy without gradient) and
+on (DARS' ``entropy_coef``). Writes ``<out>/rlvr_memory.json``.
+
+    python -m experiments.rlvr_speed --memory
 """
 from __future__ import annotations
 
@@ -28,6 +39,7 @@ import torch
 from lightning.pytorch import Callback
 
 from experiments.kit import experiment_parser, from_config, progress, quiet_trainer, summarise, write_result
+from lightning_modules.grpo import completion_logprobs
 from lightning_modules.rollouts import TransformersGenerate, sample_completions
 from lightning_modules.tiny_gpt import HFCausalLM, TinyGPT
 
@@ -137,6 +149,79 @@ def grpo_speed(extra: list[str], steps: int, device: str) -> dict:
             "rollouts_per_step": model.hparams.rollouts_per_prompt * data.hparams.batch_size, "args": extra}
 
 
+# ------------------------------------------------------------------------------------------------ memory
+def full_vocabulary_logprobs(policy, sequences, mask, prompt_length, temperature, with_entropy=False,
+                             entropy_grad=False):
+    """The former `completion_logprobs`: fp32 logits / T, their full log_softmax and exp (the "before" arm)."""
+    logits = policy(sequences, attention_mask=mask)[0][:, prompt_length - 1:-1].float() / temperature
+    logp = torch.log_softmax(logits, dim=-1)
+    token_logp = logp.gather(-1, sequences[:, prompt_length:, None]).squeeze(-1)
+    if not with_entropy:
+        return token_logp, None
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        entropy = -(logp.exp() * logp).sum(-1)
+    return token_logp, entropy
+
+
+def _rss_mib() -> tuple[float, float]:
+    """(current RSS, peak RSS) of this process in MiB (Linux)."""
+    import resource
+
+    with open("/proc/self/status") as status:
+        current = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+    return current / 1024, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def memory_worker(implementation: str, entropy_grad: bool, vocab: int, tokens: int, micro: int, width: int) -> dict:
+    """One forward + backward of the log-probs (and entropy) in THIS process; returns the peak RSS increase."""
+    import gc
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    policy = TinyGPT(vocab_size=vocab, n_layer=1, d_model=width, n_head=2, context_length=tokens)
+    sequences = torch.randint(3, vocab, (micro, tokens), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(sequences, dtype=torch.bool)
+    fn = full_vocabulary_logprobs if implementation == "before" else completion_logprobs
+
+    def step(length):
+        logp, entropy = fn(policy, sequences[:, :length], mask[:, :length], 16, 1.0, True, entropy_grad)
+        loss = logp.sum() + (0.001 * entropy.sum() if entropy_grad else 0.0)
+        loss.backward()
+        policy.zero_grad(set_to_none=False)  # gradients stay allocated, as between optimiser steps
+        return float(loss)
+
+    step(32)  # warm-up: kernels, allocator, gradient buffers
+    gc.collect()
+    before, peak_before = _rss_mib()
+    step(tokens)
+    after, peak = _rss_mib()
+    return {"peak_increase_mib": peak - before, "rss_before_mib": before, "peak_before_step_mib": peak_before,
+            "peak_mib": peak, "step_raised_the_peak": peak > peak_before}
+
+
+def memory_benchmark(args) -> dict:
+    import json
+    import subprocess
+    import sys
+
+    rows = {}
+    for entropy_grad, setting in ((False, "entropy bonus off"), (True, "entropy bonus on")):
+        for implementation in ("before", "after"):
+            code = ("import json, sys; from experiments.rlvr_speed import memory_worker; "
+                    f"print('RESULT', json.dumps(memory_worker({implementation!r}, {entropy_grad}, {args.vocab}, "
+                    f"{args.tokens}, {args.micro}, {args.memory_width})))")
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                 cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                 env={**os.environ, "OMP_NUM_THREADS": "1"})
+            row = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT"))[7:])
+            if not row["step_raised_the_peak"]:
+                raise RuntimeError(f"{implementation}, {setting}: the step did not raise the process's peak RSS, so "
+                                   "its memory cannot be read from ru_maxrss; raise --tokens or --vocab.")
+            rows[f"{implementation}, {setting}"] = row
+            print(f"{implementation:6s} {setting:18s} peak +{row['peak_increase_mib']:8.1f} MiB", flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = experiment_parser(__doc__.splitlines()[0], seeds=1)
     parser.add_argument("--device", default="cpu")
@@ -149,7 +234,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--grpo-steps", type=int, default=30)
     parser.add_argument("--skip-no-cache", action="store_true")
+    parser.add_argument("--memory", action="store_true", help="measure the log-prob memory instead (see above)")
+    parser.add_argument("--vocab", type=int, default=151_936, help="--memory: vocabulary size")
+    parser.add_argument("--tokens", type=int, default=512, help="--memory: sequence length")
+    parser.add_argument("--micro", type=int, default=2, help="--memory: rows per micro-batch")
+    parser.add_argument("--memory-width", type=int, default=64, help="--memory: model width")
     args = parser.parse_args(argv)
+    if args.memory:
+        return memory_main(args)
     if args.smoke:
         args.prompts, args.samples, args.new_tokens, args.width, args.layers, args.heads = 2, 2, 4, 32, 1, 2
         args.repeats, args.grpo_steps = 1, 4
@@ -178,6 +270,27 @@ def main(argv: list[str] | None = None) -> dict:
                           details=details)
     for arm, metrics in arms.items():
         print(f"{arm:45s} " + ", ".join(f"{m} {c['mean']:.3g}" for m, c in metrics.items()))
+    return result
+
+
+def memory_main(args) -> dict:
+    if args.smoke:
+        args.vocab, args.tokens, args.micro, args.memory_width = 20_000, 128, 2, 16
+    for name in ("vocab", "tokens", "micro", "memory_width"):
+        if getattr(args, name) < (17 if name == "tokens" else 1):
+            raise SystemExit(f"--{name.replace('_', '-')}={getattr(args, name)} is too small: use a positive value "
+                             "(--tokens must exceed the 16 prompt tokens).")
+    start = time.perf_counter()
+    per_seed = [{arm: {"peak_increase_mib": row["peak_increase_mib"]} for arm, row in memory_benchmark(args).items()}
+                for _ in progress(range(args.seeds), "measurement rounds")]
+    fp32_tensor_mib = args.micro * (args.tokens - 16) * args.vocab * 4 / 2**20
+    result = write_result("rlvr_memory", seeds=args.seeds, wall_s=time.perf_counter() - start,
+                          config={k: v for k, v in vars(args).items() if k != "out"}, arms=summarise(per_seed),
+                          per_seed=per_seed, out=args.out, one_fp32_completion_logits_mib=fp32_tensor_mib,
+                          note="peak RSS increase over one forward+backward of the log-probs and entropy, fresh "
+                               "process per arm, CPU, one thread")
+    for arm, metrics in result["arms"].items():
+        print(f"{arm:30s} peak +{metrics['peak_increase_mib']['mean']:.0f} MiB")
     return result
 
 

@@ -519,3 +519,47 @@ def test_graded_reward_above_half_is_not_counted_as_solved_anywhere():
         # DARS' own threshold reaches the first stage: 0.0 counts every rollout (> 0.5 reward) as a success
         assert dars.stage1_correct.tolist() == [4 if solved else 0] * len(dars.stage1_correct), threshold
         assert (trainer.callback_metrics["train/rollouts_second_stage"] > 0) != solved
+
+
+# --------------------------------------------------------------------------------------------- log-prob memory
+def _full_log_softmax_logprobs(policy, sequences, mask, prompt_length, temperature):
+    """The direct computation: fp32 logits / T, full log_softmax, gather, entropy from exp(logp)."""
+    logits = policy(sequences, attention_mask=mask)[0][:, prompt_length - 1:-1].float() / temperature
+    logp = torch.log_softmax(logits, dim=-1)
+    return logp.gather(-1, sequences[:, prompt_length:, None]).squeeze(-1), -(logp.exp() * logp).sum(-1)
+
+
+@pytest.mark.parametrize("chunk_elements", [10**9, 7 * 53, 1])  # one chunk, a few positions, one position each
+def test_chunked_logprobs_and_entropy_equal_the_full_log_softmax_with_gradients(chunk_elements):
+    from lightning_modules.grpo import completion_logprobs
+
+    policy = small_gpt(vocab_size=53)
+    sequences = torch.randint(3, 53, (3, 14), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(sequences, dtype=torch.bool)
+    mask[0, :2] = False  # a left-padded prompt
+    weights = torch.randn(3, 10, generator=torch.Generator().manual_seed(1))
+    params = list(policy.parameters())
+    expected_logp, expected_entropy = _full_log_softmax_logprobs(policy, sequences, mask, 4, 0.7)
+    for entropy_grad in (False, True):
+        logp, entropy = completion_logprobs(policy, sequences, mask, 4, 0.7, True, entropy_grad, chunk_elements)
+        assert torch.allclose(logp, expected_logp, atol=1e-5) and torch.allclose(entropy, expected_entropy, atol=1e-5)
+        assert entropy.requires_grad == entropy_grad
+        loss = (weights * logp).sum() + (0.3 * (weights * entropy).sum() if entropy_grad else 0.0)
+        reference = (weights * expected_logp).sum() + (0.3 * (weights * expected_entropy).sum() if entropy_grad else 0)
+        got = torch.autograd.grad(loss, params)
+        want = torch.autograd.grad(reference, params, retain_graph=True)
+        assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(got, want))
+    with torch.no_grad():
+        logp, none = completion_logprobs(policy, sequences, mask, 4, 0.7, chunk_elements=chunk_elements)
+    assert none is None and torch.allclose(logp, expected_logp, atol=1e-5)
+
+
+@pytest.mark.slow  # four fresh processes (about 20 s each on a loaded 2-core machine)
+def test_logprob_memory_benchmark_smoke(tmp_path):
+    """``python -m experiments.rlvr_speed --memory`` (the figure in docs/rlvr.md) runs and writes its JSON."""
+    from experiments.rlvr_speed import main
+
+    result = main(["--memory", "--smoke", "--out", str(tmp_path)])
+    assert set(result["arms"]) == {f"{i}, entropy bonus {s}" for i in ("before", "after") for s in ("off", "on")}
+    assert all(cell["peak_increase_mib"]["mean"] > 0 for cell in result["arms"].values())
+    assert (tmp_path / "rlvr_memory.json").is_file()
