@@ -2,6 +2,7 @@
 plus the embedded scikit-learn digits. Nothing here reads files outside tmp_path or downloads anything."""
 from __future__ import annotations
 
+import io
 import os
 import pickle
 
@@ -427,28 +428,34 @@ def test_imagefolder_bad_image_size(tmp_path):
 
 # ------------------------------------------------------------------ release pickles, as the release writes them
 class _Python2Pickler(pickle._Pickler):
-    """Writes bytes as Python 2 ``str`` opcodes (SHORT_BINSTRING / BINSTRING), as the cPickle that wrote the CIFAR
-    release did; read back with ``encoding='bytes'`` they are bytes again."""
+    """Writes every string (keys, numpy's dtype codes, the pixel buffer) as a Python 2 ``str`` (SHORT_BINSTRING /
+    BINSTRING), as the cPickle that wrote the CIFAR release did; ``encoding='bytes'`` reads them back as bytes."""
     dispatch = dict(pickle._Pickler.dispatch)
 
     def _save_py2_str(self, obj):
+        obj = obj.encode("latin1") if isinstance(obj, str) else obj
         n = len(obj)
         self.write(pickle.SHORT_BINSTRING + bytes([n]) + obj if n < 256
                    else pickle.BINSTRING + n.to_bytes(4, "little") + obj)
         self.memoize(obj)
 
-    dispatch[bytes] = _save_py2_str
+    dispatch[bytes] = dispatch[str] = _save_py2_str
 
 
 def _write_release_pickle(path, obj, protocol):
-    with open(path, "wb") as f:
-        if protocol == "python2":
-            _Python2Pickler(f, protocol=2).dump(obj)
-        else:
-            pickle.dump(obj, f, protocol=protocol)
+    if protocol == "python2":
+        buffer = io.BytesIO()
+        _Python2Pickler(buffer, protocol=2).dump(obj)
+        data = buffer.getvalue()
+    elif protocol == "numpy2":   # numpy 2 names its array reconstructor numpy._core.multiarray._reconstruct
+        data = pickle.dumps(obj, protocol=2).replace(b"numpy.core.multiarray\n", b"numpy._core.multiarray\n")
+        assert b"numpy.core" not in data
+    else:
+        data = pickle.dumps(obj, protocol=protocol)
+    path.write_bytes(data)
 
 
-@pytest.mark.parametrize("protocol", ["python2", 2, 4, 5])
+@pytest.mark.parametrize("protocol", ["python2", "numpy2", 2, 4, 5])
 def test_cifar_release_pickles_load_through_the_restricted_unpickler(tmp_path, protocol):
     """The official layout (torchvision's reader reads the same files): batches with b'data' uint8 (N, 3072) and
     b'labels' / b'fine_labels' lists, plus the class-name files, in every pickle dialect numpy arrays come in."""
