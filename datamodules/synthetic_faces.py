@@ -569,7 +569,7 @@ class FaceDataModule(LightningDataModule):
             if heldout is not None:  # official split: its training identities first, its test identities last
                 order = torch.cat([order[~heldout[order]], order[heldout[order]]])
         num = len(order)
-        if self.source != "synthetic" and heldout is not None:
+        if heldout is not None:
             num_train = int((~heldout).sum())
         else:
             num_train = num - max(1, round(self.heldout_identity_fraction * num)) \
@@ -637,6 +637,10 @@ class FaceDataModule(LightningDataModule):
         paths = [p for p, k in zip(paths, keep.tolist()) if k]
         ids = torch.cumsum(keep_identity.long(), 0)[inverse[keep]] - 1
         heldout = test_identity[keep_identity] if self.official_split else None
+        if heldout is not None and not heldout.any():
+            raise UserInputError(f"the official split of '{self.data_dir}' holds out no identity (no image of "
+                                 "CelebA's test partition 2, or of the LFW pairs, was found): complete the copy, or "
+                                 "set split: drawn.")
         if pairs is not None:
             row = {p: i for i, p in enumerate(paths)}
             usable = [(row[a], row[b], same) for a, b, same in pairs if a in row and b in row]

@@ -464,6 +464,9 @@ def test_celeba_partition_errors_name_the_problem(tmp_path):
     partition.write_text("\n".join(lines[:-1]) + "\n")
     with pytest.raises(UserInputError, match=r"no partition for 1 images.*000024.jpg"):
         FaceDataModule(source="celeba", data_dir=str(tmp_path), image_size=8).setup()
+    partition.write_text("\n".join(line[:-1] + "0" for line in lines) + "\n")   # no test partition
+    with pytest.raises(UserInputError, match=r"official split of .* holds out no identity"):
+        FaceDataModule(source="celeba", data_dir=str(tmp_path), image_size=8).setup()
     partition.write_text("\n".join(lines[:-1] + ["000024.jpg 0"]) + "\n")    # identity 108 in 0 and 2
     with pytest.raises(UserInputError, match=r"identities \[108\] have images in both the training"):
         FaceDataModule(source="celeba", data_dir=str(tmp_path), image_size=8).setup()
