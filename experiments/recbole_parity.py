@@ -164,7 +164,8 @@ def run_recbole(python: str, seed: int, epochs: int, patience: int) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
     command = [python, "-m", "experiments.recbole_parity", "--recbole-worker", str(epochs), str(patience), str(seed)]
-    done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    with tempfile.TemporaryDirectory() as scratch:  # RecBole writes log/ and log_tensorboard/ into its cwd
+        done = subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"RecBole run failed ({' '.join(command)}):\n{done.stderr[-3000:]}")
     run = json.loads(done.stdout.strip().splitlines()[-1])
