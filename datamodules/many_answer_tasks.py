@@ -261,7 +261,8 @@ class ManyAnswerDataModule(LightningDataModule):
         # under DDP (shard): unpadded shards, so that reduced metrics equal one process's (datamodules.sampling)
         dataset = ListDataset(items)
         if shuffle:
-            sampler = training_sampler(len(dataset), self.hparams.seed, self.trainer, LoaderGeneratorReplaySampler)
+            sampler = training_sampler(len(dataset), self.hparams.seed, self.trainer, LoaderGeneratorReplaySampler,
+                                       batch_size=batch_size)
         else:
             sampler = evaluation_sampler(dataset, self.trainer) if shard else None
         generator = torch.Generator().manual_seed(self.hparams.seed) if shuffle else None

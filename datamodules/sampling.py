@@ -36,30 +36,41 @@ class EpochShuffleSampler(Sampler[int]):
 
 
 class LoaderGeneratorReplaySampler(EpochShuffleSampler):
-    """Epoch e visits the order that ``DataLoader(shuffle=True, generator=Generator().manual_seed(seed))`` gives
-    epoch e of an uninterrupted run of full epochs, recomputed from (seed, epoch) alone.
+    """Epoch e visits the order that ``DataLoader(shuffle=True, generator=Generator().manual_seed(seed),
+    batch_size=batch_size)`` gave epoch e of an uninterrupted Lightning run of full epochs, recomputed from
+    (seed, epoch) alone.
 
     The RLVR, multi-answer and slide-expression datamodules shuffled with such a per-loader generator, so a run
     resumed from a checkpoint replayed epoch 0's order. This sampler keeps their measured orders (and numbers)
     while making the order a pure function of (seed, epoch) like ``EpochShuffleSampler``: it replays the draws
     that torch's DataLoader iterator (one int64 for the workers' base seed) and ``RandomSampler`` (one
-    permutation, plus one more for the empty remainder when the epoch is read to its end) made in earlier epochs.
+    permutation) made in earlier epochs, plus the one ``RandomSampler`` makes for its empty remainder when it is
+    read past its last index. Lightning reads exactly ``len(loader)`` batches of a sized loader, so that happens
+    only when the last batch is partial (``num_samples % batch_size != 0`` without ``drop_last``); a loop that
+    reads the loader to its end (``list(loader)``) always makes it, which is why ``batch_size`` is needed.
     Give the DataLoader its own seeded generator too, so that its base-seed draw stays off the global RNG, as before.
     """
 
+    def __init__(self, num_samples: int, seed: int, batch_size: int, drop_last: bool = False) -> None:
+        super().__init__(num_samples, seed)
+        self.batch_size, self.drop_last = int(batch_size), bool(drop_last)
+
     def __iter__(self):
+        reads_past_end = self.num_samples % self.batch_size != 0 and not self.drop_last
         gen = torch.Generator().manual_seed(self.seed)
         for _ in range(self.epoch):
             torch.empty((), dtype=torch.int64).random_(generator=gen)
             torch.randperm(self.num_samples, generator=gen)
-            torch.randperm(self.num_samples, generator=gen)
+            if reads_past_end:
+                torch.randperm(self.num_samples, generator=gen)
         torch.empty((), dtype=torch.int64).random_(generator=gen)
         return iter(torch.randperm(self.num_samples, generator=gen).tolist())
 
 
-def training_sampler(num_samples: int, seed: int, trainer, sampler_class=EpochShuffleSampler) -> Sampler:
-    """The epoch-seeded training sampler, already set to the trainer's current epoch (if any)."""
-    sampler = sampler_class(num_samples, seed)
+def training_sampler(num_samples: int, seed: int, trainer, sampler_class=EpochShuffleSampler, **kwargs) -> Sampler:
+    """The epoch-seeded training sampler (``sampler_class(num_samples, seed, **kwargs)``), already set to the
+    trainer's current epoch (if any)."""
+    sampler = sampler_class(num_samples, seed, **kwargs)
     if trainer is not None:
         sampler.set_epoch(trainer.current_epoch)
     return sampler

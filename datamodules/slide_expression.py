@@ -435,7 +435,8 @@ class SlideExpressionDataModule(LightningDataModule):
         # under DDP: unpadded shards, so that summed metrics equal the single-process values (datamodules.sampling)
         dataset = self._dataset(split)
         if shuffle:
-            sampler = training_sampler(len(dataset), self.hparams.seed, self.trainer, LoaderGeneratorReplaySampler)
+            sampler = training_sampler(len(dataset), self.hparams.seed, self.trainer, LoaderGeneratorReplaySampler,
+                                       batch_size=batch_size)
         else:
             sampler = evaluation_sampler(dataset, self.trainer)
         generator = torch.Generator().manual_seed(self.hparams.seed) if shuffle else None

@@ -453,7 +453,8 @@ class VerifiableTaskDataModule(LightningDataModule):
         # training: an order that is a pure function of (seed, epoch), so a resumed run continues it; evaluation
         # under DDP (shard): unpadded shards, so that reduced metrics equal one process's (datamodules.sampling)
         if shuffle:
-            sampler = training_sampler(len(dataset), self.hparams.seed, self.trainer, LoaderGeneratorReplaySampler)
+            sampler = training_sampler(len(dataset), self.hparams.seed, self.trainer, LoaderGeneratorReplaySampler,
+                                       batch_size=batch_size)
         else:
             sampler = evaluation_sampler(dataset, self.trainer) if shard else None
         generator = torch.Generator().manual_seed(self.hparams.seed) if shuffle else None

@@ -169,19 +169,46 @@ def test_two_process_ddp_fit_learns(tmp_path):
 
 
 # ================================================================================================ fast parts
-def test_replayed_loader_order_equals_the_former_per_loader_generator_and_depends_only_on_the_epoch():
+@pytest.mark.parametrize("n, batch_size", [(37, 4), (36, 4)])  # last batch partial / every batch full
+def test_replayed_loader_order_equals_the_former_per_loader_generator_under_lightning(n, batch_size):
+    """The replay sampler gives, epoch by epoch, the order a Lightning fit over the former
+    ``DataLoader(shuffle=True, generator=seeded)`` visited, and that order depends only on the epoch.
+
+    Lightning reads exactly len(loader) batches, so when every batch is full RandomSampler never draws its
+    remainder permutation (a replay that always drew it shifted every epoch after the first)."""
+    from lightning.pytorch import LightningModule, Trainer
     from torch.utils.data import DataLoader
 
     from datamodules.sampling import LoaderGeneratorReplaySampler
 
-    n, seed = 37, 5
-    legacy = DataLoader(list(range(n)), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(seed))
-    uninterrupted = [torch.cat(list(legacy)).tolist() for _ in range(4)]
-    sampler = LoaderGeneratorReplaySampler(n, seed)
+    class Record(LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.weight, self.seen = torch.nn.Parameter(torch.zeros(())), []
+
+        def training_step(self, batch, batch_idx):
+            self.seen.extend(batch.tolist())
+            return self.weight * 0.0
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def visited(loader, epochs=4):
+        module = Record()
+        Trainer(max_epochs=epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                enable_model_summary=False, accelerator="cpu", devices=1).fit(module, loader)
+        return [module.seen[e * n:(e + 1) * n] for e in range(epochs)]
+
+    seed = 5
+    legacy = visited(DataLoader(list(range(n)), batch_size=batch_size, shuffle=True,
+                                generator=torch.Generator().manual_seed(seed)))
+    sampler = LoaderGeneratorReplaySampler(n, seed, batch_size)
+    assert visited(DataLoader(list(range(n)), batch_size=batch_size, sampler=sampler,
+                              generator=torch.Generator().manual_seed(seed))) == legacy
     for epoch in (3, 0, 2, 1):  # any order: a resumed run starts at a later epoch
         sampler.set_epoch(epoch)
-        assert list(sampler) == uninterrupted[epoch]
-    assert uninterrupted[0] != uninterrupted[1]
+        assert list(sampler) == legacy[epoch]
+    assert legacy[0] != legacy[1]
 
 
 def test_rng_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
