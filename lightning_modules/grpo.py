@@ -427,6 +427,16 @@ class GRPO(PaperModule):
             self.ref_policy.load_state_dict(self.policy.state_dict())
         return report
 
+    def setup(self, stage: str) -> None:
+        strategy = type(self.trainer.strategy).__name__ if self._trainer is not None else ""
+        if any(name in strategy for name in ("FSDP", "DeepSpeed", "ModelParallel")):
+            raise UserInputError(
+                f"GRPO does not support the sharded strategy {strategy}: rollout generation runs a rank-dependent "
+                "number of forward passes (early stop at EOS, a second stage only where needed) and sharded "
+                "parameters are gathered in every forward, so the ranks would hang. Use --trainer.strategy=ddp "
+                "(with --trainer.precision=bf16-true for a 7B policy, as configs/knapsack_rl/paper.yaml).")
+        super().setup(stage)
+
     def _generator(self, stream: int, counter: int) -> torch.Generator:
         generator = torch.Generator(device=self.device)
         generator.manual_seed((self.base_seed * 1_000_003 + stream * 7_919 + counter) % (2**62))

@@ -563,3 +563,14 @@ def test_logprob_memory_benchmark_smoke(tmp_path):
     assert set(result["arms"]) == {f"{i}, entropy bonus {s}" for i in ("before", "after") for s in ("off", "on")}
     assert all(cell["peak_increase_mib"]["mean"] > 0 for cell in result["arms"].values())
     assert (tmp_path / "rlvr_memory.json").is_file()
+
+
+@pytest.mark.parametrize("strategy", ["FSDPStrategy", "DeepSpeedStrategy"])
+def test_sharded_strategies_are_refused_with_one_error_line(strategy):
+    """Generation runs a rank-dependent number of forwards, which would hang FSDP's parameter gathering."""
+    from types import SimpleNamespace
+
+    module = GRPO(policy=TinyGPT(vocab_size=16, n_layer=1, d_model=16, n_head=2, context_length=16))
+    module._trainer = SimpleNamespace(strategy=type(strategy, (), {})())
+    with pytest.raises(UserInputError, match=f"sharded strategy {strategy}.*--trainer.strategy=ddp"):
+        module.setup("fit")
