@@ -41,7 +41,8 @@ Deviations and reconstructions (the paper PDFs were not readable; the behaviour 
 * A rollout is a success when the reward marks it correct (`RewardFunction.evaluate`: reward > 0.5 for binary
   rewards, the reward's own flag for graded ones such as Multi-RLCR's); an explicit ``success_threshold``
   counts ``reward > success_threshold`` instead, for DARS' stage-1 counts as for the success estimates (the
-  released code maps a {-1, 0, 1} reward to max(r, 0)). Δn uses ceil(x - 1e-6) so that float noise in S(a) cannot add a rollout.
+  released code maps a {-1, 0, 1} reward to max(r, 0)). Δn uses ceil(x - 1e-6) so that float noise in S(a) cannot
+  add a rollout.
 """
 from __future__ import annotations
 

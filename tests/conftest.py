@@ -19,6 +19,9 @@ sys.path.insert(0, str(REPO))
 os.environ["WANDB_MODE"] = "disabled"  # tests never create W&B runs
 torch.set_num_threads(1)  # 2-core machines: parallel multi-threaded torch processes slow each other down
 
+import train  # noqa: E402  (after the path and environment set-up above)
+from lightning.pytorch import Callback  # noqa: E402
+
 QUICK_CONFIGS = sorted(str(p.relative_to(REPO)) for p in REPO.glob("configs/*/*quick.yaml"))
 PAPER_CONFIGS = sorted(str(p.relative_to(REPO)) for p in REPO.glob("configs/*/*paper.yaml"))
 SWEEP_FILES = sorted(str(p.relative_to(REPO)) for p in REPO.glob("configs/sweeps/*.yaml"))
@@ -114,3 +117,27 @@ def prerequisite_args(prerequisite_checkpoints):
         return [f"--model.init_args.init_from={prerequisite_checkpoints(PREREQUISITES[config], steps)}"]
 
     return args_for
+
+
+# ------------------------------------------------------------------------------------ shared test helpers
+class ParseOnlyCLI(train.CollectionCLI):
+    """Parses and validates a config (types, class paths, ranges, --ckpt_path's checks and hyper-parameters)
+    without building or running anything."""
+
+    def instantiate_classes(self) -> None:
+        pass
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        pass
+
+
+class GradientProbe(Callback):
+    """Records, after the first backward pass, which trainable parameters lack a finite gradient."""
+
+    def __init__(self):
+        self.bad: list[str] | None = None
+
+    def on_after_backward(self, trainer, pl_module):
+        if self.bad is None:
+            self.bad = [name for name, p in pl_module.named_parameters() if p.requires_grad and
+                        (p.grad is None or not torch.isfinite(p.grad).all())]

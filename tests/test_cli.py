@@ -9,8 +9,7 @@ import sys
 import pytest
 import torch
 
-import train
-from conftest import REPO, config_path, run_cli
+from conftest import REPO, ParseOnlyCLI, config_path, run_cli
 from lightning_modules.errors import UserInputError
 
 QUICK = config_path("configs/trew/classifier_quick.yaml")
@@ -74,16 +73,6 @@ def test_fine_tuning_with_a_new_config_keeps_weights_but_not_the_old_hyper_param
 # --------------------------------------------------------------------------------------------- --ckpt_path
 SFT = config_path("configs/grpo/sft_quick.yaml")
 QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
-
-
-class ParseOnlyCLI(train.CollectionCLI):
-    """Parses (and applies --ckpt_path's checks and hyper-parameters) without building or running anything."""
-
-    def instantiate_classes(self) -> None:
-        pass
-
-    def _run_subcommand(self, subcommand: str) -> None:
-        pass
 
 
 def test_resuming_a_checkpoint_of_another_paper_is_refused_naming_both_classes(prerequisite_checkpoints):

@@ -12,20 +12,10 @@ import yaml
 from lightning.pytorch import Callback, LightningDataModule, LightningModule
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-import train
-from conftest import PAPER_CONFIGS, QUICK_CONFIGS, SWEEP_FILES, config_path, run_cli
+from conftest import (PAPER_CONFIGS, QUICK_CONFIGS, SWEEP_FILES, GradientProbe, ParseOnlyCLI, config_path,
+                      run_cli)
 
 QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
-
-
-class ParseOnlyCLI(train.CollectionCLI):
-    """Parses and validates a config (types, class paths, ranges of jsonargparse) without building it."""
-
-    def instantiate_classes(self) -> None:
-        pass
-
-    def _run_subcommand(self, subcommand: str) -> None:
-        pass
 
 
 def test_there_are_configs():
@@ -89,18 +79,6 @@ def test_print_config_round_trip(config, tmp_path):
     printed = _print_config("--config", config_path(config))
     (tmp_path / "printed.yaml").write_text(printed)
     assert _print_config("--config", str(tmp_path / "printed.yaml")) == printed
-
-
-class GradientProbe(Callback):
-    """Records, after the first backward pass, which trainable parameters lack a finite gradient."""
-
-    def __init__(self):
-        self.bad: list[str] | None = None
-
-    def on_after_backward(self, trainer, pl_module):
-        if self.bad is None:
-            self.bad = [name for name, p in pl_module.named_parameters() if p.requires_grad and
-                        (p.grad is None or not torch.isfinite(p.grad).all())]
 
 
 def _fit_for_steps(config: str, steps: int, extra: list[str], callbacks: list[Callback] = ()):

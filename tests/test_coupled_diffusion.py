@@ -429,7 +429,8 @@ def test_reduced_experiment_coupled_beats_enhance_then_classify(tmp_path):
                     "--out", str(tmp_path / "cd")])
     arms = payload["arms"]
     assert {"paper", "seeds", "wall_s", "arms"} <= set(payload)
-    assert (tmp_path / "cd" / "coupled_diffusion.json").is_file() and (tmp_path / "cd" / "coupled_diffusion.png").is_file()
+    assert (tmp_path / "cd" / "coupled_diffusion.json").is_file()
+    assert (tmp_path / "cd" / "coupled_diffusion.png").is_file()
     accuracy = {arm.split(" ")[0]: value["acc"]["mean"] for arm, value in arms.items()}
     assert accuracy["clean"] > 0.9 and min(accuracy.values()) > 0.3
     assert accuracy["parallel"] >= accuracy["enhanced"] - 0.02

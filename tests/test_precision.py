@@ -12,24 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 import yaml
-from lightning.pytorch import Callback
 from lightning.pytorch.plugins.precision import MixedPrecision
 
-from conftest import QUICK_CONFIGS, config_path, run_cli
+from conftest import QUICK_CONFIGS, GradientProbe, config_path, run_cli
 
 QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
-
-
-class FirstBackwardProbe(Callback):
-    """Records, after the first backward pass, which trainable parameters lack a finite gradient."""
-
-    def __init__(self):
-        self.bad: list[str] | None = None
-
-    def on_after_backward(self, trainer, pl_module):
-        if self.bad is None:
-            self.bad = [name for name, p in pl_module.named_parameters() if p.requires_grad and
-                        (p.grad is None or not torch.isfinite(p.grad).all())]
 
 
 def _with_a_backward_pass(cli_args: list[str]) -> list[str]:
@@ -50,7 +37,7 @@ def test_fast_dev_run_in_bf16_mixed_precision(config, prerequisite_args):
     cli = run_cli(*args, run=False)
     assert isinstance(cli.trainer.precision_plugin, MixedPrecision)
     assert cli.trainer.precision_plugin.precision == "bf16-mixed"
-    probe = FirstBackwardProbe()
+    probe = GradientProbe()
     cli.trainer.callbacks.append(probe)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert cli.trainer.state.finished
