@@ -50,9 +50,10 @@ def _checkpoint_of(cli, directory: Path) -> str:
 # RL fine-tuning from a 2-step warm-up samples no correct answer: every reward is 0, every advantage 0 (and DARS
 # drops every group), so the weights would never move and the comparison would prove nothing. These configs start
 # from a warm-up trained long enough for some rollouts to succeed in every epoch (DARS-Breadth's single 32-prompt
-# batch has no mixed group left after a 200-step warm-up, so it gets a shorter one).
+# batch has no mixed group left after a 200-step warm-up, so it gets a shorter one). The step counts depend on
+# the warm-up's data order: GRPO's needed 200 once the replay sampler gave back the original order (100 before).
 LEARNT_PREREQUISITE_STEPS = {"configs/dars/breadth_quick.yaml": 100, "configs/dars/quick.yaml": 200,
-                             "configs/grpo/quick.yaml": 100, "configs/knapsack_rl/quick.yaml": 200,
+                             "configs/grpo/quick.yaml": 200, "configs/knapsack_rl/quick.yaml": 200,
                              "configs/multi_answer_rl/quick.yaml": 100}
 
 
