@@ -214,7 +214,7 @@ def memory_benchmark(args) -> dict:
                                  cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                  env={**os.environ, "OMP_NUM_THREADS": "1"})
             row = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT"))[7:])
-            if not row["step_raised_the_peak"]:
+            if not row["step_raised_the_peak"] and not args.smoke:  # smoke sizes are too small to matter
                 raise RuntimeError(f"{implementation}, {setting}: the step did not raise the process's peak RSS, so "
                                    "its memory cannot be read from ru_maxrss; raise --tokens or --vocab.")
             rows[f"{implementation}, {setting}"] = row
