@@ -35,6 +35,9 @@ Sources (nothing is downloaded; real data comes from a local ``data_dir``):
 
 Validation data is a seeded hold-out (``val_fraction``) of the training split; sequences longer than
 ``max_length`` keep their first ``max_length`` bases (the tokenizer truncation of the authors' eval script).
+
+Length: the datamodules and the readers of the released formats they accept (FASTA, NT downstream snapshot,
+Genomic Benchmarks, parquet) stay in one file so each accepted layout is documented beside its reader.
 """
 from __future__ import annotations
 

@@ -55,6 +55,9 @@ the rest of those images (closed-set accuracy, diffusion loss; always drawn, wit
   shuffled with ``seed`` and the last ``heldout_identity_fraction`` of them are held out; there are no official
   pairs (`verification_pairs` returns None): verification uses every pair of the test split. For the synthetic
   source the identity parameters are i.i.d., so the shuffle is skipped and the last identities are held out.
+
+Length: the embedded face generator, the CelebA/LFW readers and their official splits serve one datamodule and
+share its identity bookkeeping, so they stay together.
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ Memory (``--memory``, Linux): peak resident memory of GRPO's log-prob + entropy 
 for one micro-batch of a large-vocabulary tiny model (TinyGPT, vocabulary ``--vocab`` 151,936 as Qwen2.5, d 64,
 1 layer, ``--micro`` 2 rows x ``--tokens`` 512 tokens, temperature 1.0), before (the direct fp32 ``log_softmax``
 and ``exp`` over the whole vocabulary, kept here as `full_vocabulary_logprobs`) and after
-(`lightning_modules.grpo.completion_logprobs`: gather minus logsumexp, entropy in chunks, chunks recomputed in
+(`lightning_modules.token_logprobs.completion_logprobs`: gather minus logsumexp, entropy in chunks, chunks recomputed in
 backward). Each arm runs in a fresh process; the figure is the peak RSS during the step minus the RSS before it
 (``ru_maxrss`` vs ``/proc/self/status``), with the entropy bonus off (GRPO's default: entropy without gradient) and
 on (DARS' ``entropy_coef``). Writes ``<out>/rlvr_memory.json``.
@@ -39,7 +39,7 @@ import torch
 from lightning.pytorch import Callback
 
 from experiments.kit import experiment_parser, from_config, progress, quiet_trainer, summarise, write_result
-from lightning_modules.grpo import completion_logprobs
+from lightning_modules.token_logprobs import completion_logprobs
 from lightning_modules.rollouts import TransformersGenerate, sample_completions
 from lightning_modules.tiny_gpt import HFCausalLM, TinyGPT
 

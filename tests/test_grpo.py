@@ -531,7 +531,7 @@ def _full_log_softmax_logprobs(policy, sequences, mask, prompt_length, temperatu
 
 @pytest.mark.parametrize("chunk_elements", [10**9, 7 * 53, 1])  # one chunk, a few positions, one position each
 def test_chunked_logprobs_and_entropy_equal_the_full_log_softmax_with_gradients(chunk_elements):
-    from lightning_modules.grpo import completion_logprobs
+    from lightning_modules.token_logprobs import completion_logprobs
 
     policy = small_gpt(vocab_size=53)
     sequences = torch.randint(3, 53, (3, 14), generator=torch.Generator().manual_seed(0))
