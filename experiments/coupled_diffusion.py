@@ -14,11 +14,21 @@ image. Per seed:
 
 1. the frozen classifier f: `ImageClassifier` MLP 64-128-10, Adam 1e-3, 30 epochs on clean images
    (``classifier_quick.yaml``), saved as a checkpoint and loaded through ``init_from`` (``quick.yaml``'s path);
-2. per level, two models trained for the same number of optimiser steps (AdamW, OneCycle max lr 2e-3, batch 128,
-   EMA 0.995 with warm-up; T = 50 cosine, v-prediction; MLP denoisers width 128, depth 2):
-   ``enhanced`` (x-only conditional DDPM) and ``parallel`` (the coupled training of the official code);
-3. evaluation on the whole corrupted test set, DDIM with 10 steps: f(x_c) ("corrupted"), Enhanced (f of the
-   enhanced image), and the Parallel, Alternating (2 rounds) and Nested samplers of the parallel-trained networks.
+2. per level, models trained with one recipe (AdamW, OneCycle max lr 2e-3, batch 128, EMA 0.995 with warm-up;
+   T = 50 cosine, v-prediction; MLP denoisers width 128, depth 2): ``enhanced`` (x-only conditional DDPM) and
+   ``parallel`` (the coupled training of the official code) for the same number of optimiser steps, and a
+   compute-matched ``enhanced_3x``: Enhanced trained for 3x the optimiser steps (Parallel runs each network
+   ``coupling_iterations`` = 3 times per step, so both then make the same number of enhancer forward/backward
+   passes; the OneCycle schedule spans the longer run);
+3. evaluation on the whole corrupted test set, DDIM with 10 steps: f(x_c) ("corrupted"), Enhanced and
+   Enhanced 3x (f of the enhanced image), and the Parallel, Alternating (2 rounds) and Nested samplers of the
+   parallel-trained networks.
+
+Compute per arm, measured in the run: the forward calls of each network (signal enhancer, logit denoiser, its image
+feature encoder, frozen classifier) in one optimiser step's losses and in sampling one image, counted by forward
+hooks (`CallCounter`), and the median wall time of a training step (forward, backward, optimiser step;
+`StepTimer`), the total training time and the sampling time per test image. Wall times come from a shared 2-core
+machine and are only comparable within one run.
 
 Deviation of this experiment: Alternating and Nested are SAMPLED with the networks trained by the Parallel scheme
 (their own training schemes, which the module implements, cost ~2.3x a Parallel step here: 102-106 ms vs 45 ms at
@@ -30,9 +40,11 @@ arm beat classifying the corrupted input (0.794 / 0.427): the "Enhanced > corrup
 reproduce. See results/coupled_diffusion.json.
 
 Metrics: ``acc`` (argmax of the final logits; for Enhanced and corrupted: of f), ``acc_f_enhanced`` (f on the
-enhanced image of that sampler). Outputs: a markdown table on stdout, ``results/coupled_diffusion.json`` (the
-experiments' schema; arms are ``"<arm> (p=<level>)"``, ``per_seed`` one ``{arm: metrics}`` per seed) and
-``results/coupled_diffusion.png``.
+enhanced image of that sampler), and the compute: ``train_steps``, ``train_calls_per_step_<network>``,
+``train_calls_per_step_denoiser`` (enhancer + logit denoiser), ``train_ms_per_step``, ``train_s``,
+``sample_calls_<network>``, ``sample_calls_denoiser`` (per image) and ``sample_ms_per_image``. Outputs: markdown
+tables on stdout (accuracy, and compute per arm), ``results/coupled_diffusion.json`` (the experiments' schema;
+arms are ``"<arm> (p=<level>)"``, ``per_seed`` one ``{arm: metrics}`` per seed) and ``results/coupled_diffusion.png``.
 """
 from __future__ import annotations
 
@@ -44,6 +56,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from lightning.pytorch import Callback
 
 from callbacks.ema import EMAWeights
 from datamodules.corrupted_images import CorruptedImageDataModule
@@ -53,8 +66,14 @@ from lightning_modules.denoisers import to_model_range
 
 PAPER = ("Joint Enhancement and Classification using Coupled Diffusion Models of Signals and Logits "
          "(arXiv 2602.15405)")
-ARMS = ("corrupted", "enhanced", "parallel", "alternating", "nested")
-SAMPLERS = {"enhanced": "enhanced", "parallel": "parallel", "alternating": "parallel", "nested": "parallel"}
+ARMS = ("corrupted", "enhanced", "enhanced_3x", "parallel", "alternating", "nested")
+# arm -> the trained model it samples: "enhanced_3x" is Enhanced trained for COMPUTE_FACTOR x the optimiser steps
+# (compute-matched with Parallel, which runs its networks COMPUTE_FACTOR = coupling_iterations times per step)
+SAMPLERS = {"enhanced": "enhanced", "enhanced_3x": "enhanced_3x", "parallel": "parallel",
+            "alternating": "parallel", "nested": "parallel"}
+STRATEGY = {"enhanced": "enhanced", "enhanced_3x": "enhanced", "parallel": "parallel"}
+COMPUTE_FACTOR = 3
+NETWORKS = ("signal_net", "logit_net", "feature_net", "classifier")
 CLASSIFIER_CONFIG = "configs/coupled_diffusion/classifier_quick.yaml"
 COUPLED_CONFIG = "configs/coupled_diffusion/quick.yaml"
 # Where this experiment's protocol differs from quick.yaml (a 3-epoch CLI check): v-prediction, 10 condition
@@ -73,6 +92,63 @@ def _fit(model, data, callbacks=(), **limits) -> None:
     kit.quiet_trainer(callbacks, limit_val_batches=0, deterministic=True, **limits).fit(model, datamodule=data)
 
 
+class CallCounter:
+    """Counts forward calls of the model's networks (`NETWORKS`: the signal enhancer, the logit denoiser, its image
+    feature encoder and the frozen classifier) through forward hooks, while used as a context manager."""
+
+    def __init__(self, model: CoupledDiffusion) -> None:
+        self.model = model
+        self.counts = dict.fromkeys(NETWORKS, 0)
+        self._hooks = []
+
+    def _hook(self, name):
+        def count(module, inputs, output):
+            self.counts[name] += 1
+        return count
+
+    def __enter__(self) -> CallCounter:
+        for name in NETWORKS:
+            network = getattr(self.model, name, None)
+            if network is not None:
+                self._hooks.append(network.register_forward_hook(self._hook(name)))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
+
+
+class StepTimer(Callback):
+    """Wall time of every training step (forward, backward and optimiser step) in seconds."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._start = 0.0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.times.append(time.perf_counter() - self._start)
+
+
+def training_passes(model: CoupledDiffusion, data: CorruptedImageDataModule) -> dict[str, int]:
+    """Forward calls of each network in one optimiser step's losses, on one training batch (every network a
+    training step runs; the trainable ones also run backward once per forward)."""
+    clean, corrupted, _ = model._unpack(next(iter(data.train_dataloader())))
+    with CallCounter(model) as counter, torch.no_grad():
+        model.losses(clean, corrupted, generator=torch.Generator().manual_seed(0))
+    return counter.counts
+
+
+def compute_metrics(prefix: str, counts: dict[str, int]) -> dict[str, float]:
+    """``<prefix>_<network>`` per network and ``<prefix>_denoiser`` (signal enhancer + logit denoiser calls)."""
+    row = {f"{prefix}_{name}": float(counts[name]) for name in NETWORKS}
+    row[f"{prefix}_denoiser"] = float(counts["signal_net"] + counts["logit_net"])
+    return row
+
+
 def train_classifier(seed: int, folder: Path, epochs: int) -> str:
     """Train f on clean digits (classifier_quick.yaml); returns its checkpoint path (quick.yaml's init_from)."""
     model, data = kit.from_config(CLASSIFIER_CONFIG, f"--seed_everything={seed}", f"--data.init_args.seed={seed}")
@@ -84,9 +160,9 @@ def train_classifier(seed: int, folder: Path, epochs: int) -> str:
 
 
 def train_coupled(strategy: str, level: float, seed: int, classifier: str,
-                  steps: int) -> tuple[CoupledDiffusion, CorruptedImageDataModule]:
+                  steps: int) -> tuple[CoupledDiffusion, CorruptedImageDataModule, dict[str, float]]:
     """quick.yaml's CoupledDiffusion with this strategy and level, `steps` optimiser steps, EMA weights swapped in;
-    returns it with its datamodule."""
+    returns it with its datamodule and its training compute (steps, network calls per step, wall times)."""
     schedule = {"class_path": "torch.optim.lr_scheduler.OneCycleLR",
                 "init_args": {"max_lr": LR, "total_steps": steps, "pct_start": 0.25, "anneal_strategy": "cos"}}
     # init_from_trusted: the checkpoint was written just above by this script (its hparams hold an optimiser class)
@@ -97,13 +173,15 @@ def train_coupled(strategy: str, level: float, seed: int, classifier: str,
         *(f"--model.init_args.{key}={value if isinstance(value, str) else json.dumps(value)}"
           for key, value in MODEL_OVERRIDES.items()),
         f"--data.init_args.corruption_level={level}", f"--data.init_args.seed={seed}")
-    ema = EMAWeights(decay=0.995, warmup=True)
-    _fit(model, data, [ema], max_steps=steps)
+    ema, timer = EMAWeights(decay=0.995, warmup=True), StepTimer()
+    _fit(model, data, [ema, timer], max_steps=steps)
+    compute = {"train_steps": float(steps), **compute_metrics("train_calls_per_step", training_passes(model, data)),
+               "train_ms_per_step": 1000 * float(np.median(timer.times)), "train_s": float(np.sum(timer.times))}
     with torch.no_grad():  # evaluate with the averaged weights
         for name, p in model.named_parameters():
             if name in ema.averages:
                 p.copy_(ema.averages[name])
-    return model.eval(), data
+    return model.eval(), data, compute
 
 
 def test_tensors(data: CorruptedImageDataModule) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -127,17 +205,30 @@ def run(seeds: int, levels: list[float], steps: int, classifier_epochs: int) -> 
             classifier = train_classifier(seed, Path(folder), classifier_epochs)
             for level in levels:
                 t0 = time.perf_counter()
-                trained = {s: train_coupled(s, level, seed, classifier, steps) for s in ("enhanced", "parallel")}
-                models = {s: model for s, (model, _) in trained.items()}
+                trained = {name: train_coupled(strategy, level, seed, classifier,
+                                               steps * (COMPUTE_FACTOR if name == "enhanced_3x" else 1))
+                           for name, strategy in STRATEGY.items()}
+                models = {name: model for name, (model, _, _) in trained.items()}
                 model_settings = {key: models["parallel"].hparams[key] for key in MODEL_KEYS}
+                if models["parallel"].hparams.coupling_iterations != COMPUTE_FACTOR:
+                    raise ValueError(f"enhanced_3x matches coupling_iterations={COMPUTE_FACTOR}, the model has "
+                                     f"{models['parallel'].hparams.coupling_iterations}")
                 clean, corrupted, labels = test_tensors(trained["parallel"][1])
                 parallel = models["parallel"]
                 clean_acc = _accuracy(parallel.classify(clean), labels)
-                rows = {"corrupted": {"acc": _accuracy(parallel.classify(corrupted), labels)}}
+                with CallCounter(parallel) as counter:
+                    corrupted_logits = parallel.classify(corrupted)
+                rows = {"corrupted": {"acc": _accuracy(corrupted_logits, labels),
+                                      **compute_metrics("sample_calls", counter.counts)}}
                 for arm in ARMS[1:]:
-                    out = models[SAMPLERS[arm]].sample(corrupted, arm, torch.Generator().manual_seed(1000 + seed))
+                    model = models[SAMPLERS[arm]]
+                    sample_start = time.perf_counter()
+                    with CallCounter(model) as counter:  # one call on the whole test set: calls = calls per image
+                        out = model.sample(corrupted, arm.split("_")[0], torch.Generator().manual_seed(1000 + seed))
                     rows[arm] = {"acc": _accuracy(out["logits"], labels),
-                                 "acc_f_enhanced": _accuracy(out["classifier_logits"], labels)}
+                                 "acc_f_enhanced": _accuracy(out["classifier_logits"], labels),
+                                 **trained[SAMPLERS[arm]][2], **compute_metrics("sample_calls", counter.counts),
+                                 "sample_ms_per_image": 1000 * (time.perf_counter() - sample_start) / len(labels)}
                 for arm in ARMS:
                     row[f"{arm} (p={level})"] = rows[arm]
                 row[f"clean (p={level})"] = {"acc": clean_acc}
@@ -159,6 +250,28 @@ def table(arms: dict, levels: list[float]) -> str:
         fmt += [f"{c['mean']:.3f} ± {c['std']:.3f}" if c else "-" for c in enhanced]
         label = "clean test images, f(x)" if arm == "clean" else arm
         lines.append(f"| {label} | " + " | ".join(fmt) + " |")
+    return "\n".join(lines)
+
+
+COMPUTE_COLUMNS = (("train_steps", "optimiser steps", 0),
+                   ("train_calls_per_step_signal_net", "enhancer calls / step", 0),
+                   ("train_calls_per_step_logit_net", "logit-denoiser calls / step", 0),
+                   ("train_calls_per_step_classifier", "classifier calls / step", 0),
+                   ("train_ms_per_step", "ms / step", 1), ("train_s", "training s", 1),
+                   ("sample_calls_signal_net", "enhancer calls / image", 0),
+                   ("sample_calls_logit_net", "logit-denoiser calls / image", 0),
+                   ("sample_calls_classifier", "classifier calls / image", 0),
+                   ("sample_ms_per_image", "sampling ms / image", 2))
+
+
+def compute_table(arms: dict, level: float) -> str:
+    """Training and sampling compute per arm at one level (means over seeds; "-" where an arm has none)."""
+    lines = ["| arm | " + " | ".join(label for _, label, _ in COMPUTE_COLUMNS) + " |",
+             "|---|" + "---|" * len(COMPUTE_COLUMNS)]
+    for arm in ARMS:
+        cells = arms[f"{arm} (p={level})"]
+        lines.append(f"| {arm} | " + " | ".join(f"{cells[key]['mean']:.{digits}f}" if key in cells else "-"
+                                                for key, _, digits in COMPUTE_COLUMNS) + " |")
     return "\n".join(lines)
 
 
@@ -199,11 +312,14 @@ def main(argv: list[str] | None = None) -> dict:
     arms = kit.summarise(per_seed)
     wall = time.perf_counter() - start
     print(table(arms, args.levels))
+    for level in args.levels:
+        print(f"\ncompute per arm, p={level} (training: per optimiser step of batch 128; sampling: per test image)\n")
+        print(compute_table(arms, level))
     print(f"wall time {wall:.0f} s")
     config = {"classifier_config": CLASSIFIER_CONFIG, "coupled_config": COUPLED_CONFIG, "levels": args.levels,
               "corruption": "pixel_replacement", "steps": args.steps, "classifier_epochs": args.classifier_epochs,
               "lr": LR, "model_overrides": MODEL_OVERRIDES, "model": model_settings, "samplers": SAMPLERS,
-              "smoke": args.smoke}
+              "enhanced_3x_steps": args.steps * COMPUTE_FACTOR, "smoke": args.smoke}
     result = kit.write_result(PAPER, seeds=args.seeds, wall_s=wall, config=config, arms=arms, per_seed=per_seed,
                               out=args.out, name="coupled_diffusion")
     plot(arms, args.levels, Path(args.out) / "coupled_diffusion.png")

@@ -11,8 +11,12 @@ Three parts, every arm on the same noise (common random numbers):
 
 (a) Synthetic benchmark, vectorised over seeds (one tensor row per run): ``f(x, y) = e^x + e^-x + y^4/4 - y^2/2``,
     oracle ``g = (1 + 0.5 xi_0) grad f + 0.1 xi_{1:}`` with Gaussian xi, start (8, 1e-3), ``gamma_n = 0.5 /
-    (n + 10)^0.7``, 5000 steps, 100 seeds. Arms: plain SGD, clipped SGD (norm 1), tamed (q = 1), tamed
-    (q = 0.5), dissipative (r = 2, default; a = 1) and dissipative (r = 1, ablation). Metrics: divergence rate
+    (n + 10)^0.7``, 5000 steps, 100 seeds. Arms: plain SGD, clipped SGD (norm 1, the earlier fixed setting),
+    clipped SGD tuned (threshold chosen from {0.1, 0.3, 1, 3, 10} on 20 VALIDATION seeds 10000-10019, their own
+    noise, by the fraction of runs ending within 0.1 of a minimiser, then the fewest mean steps to first get
+    there), tamed (q = 1), tamed (q = 0.5), dissipative (r = 2, default; a = 1) and dissipative (r = 1, ablation);
+    q is fixed by the method and both dissipative rows are shown (nothing selected among them; the callback's
+    default r = 2 was read off this table). Metrics: divergence rate
     (overflow / NaN), fraction within 0.1 of a minimiser (0, +-1), fraction within 0.1 of the saddle (0, 0),
     final ``||grad f||`` and ``f - f*`` over non-diverged runs. The direction functions, the oracle and the noise
     are the ones the Lightning path uses.
@@ -23,24 +27,29 @@ Three parts, every arm on the same noise (common random numbers):
     ``configs/tamed_sgd/digits_quick.yaml`` (the experiment sets the seed, the lr and ``hidden_dim=64``, the
     64-64-10 MLP these numbers were measured with; the config's CLI run uses 128): `ImageClassifier(backbone="mlp",
     hidden_dim=64)` (64-64-10, ReLU) on `ImageClassificationDataModule(dataset="digits", seed=seed)` (fixed
-    stratified 80/20 test split, 10% of the rest held out for validation and unused here, pixels z-scored with
-    training statistics), `torch.optim.SGD` at a constant learning rate large enough that plain SGD blows up
-    (5 and 50), batch 64, 20 epochs, 3 seeds, `Trainer(deterministic=True)` on CPU. Arms: plain SGD, clipped
-    SGD (``Trainer(gradient_clip_val=1.0, gradient_clip_algorithm="norm")``), and the `SGDTaming` callback
-    (tamed q = 1 and q = 0.5; dissipative a = 1e-3, r = 2 and a = 0, r = 1); plus plain SGD at lr 0.5 as a
-    reference. All arms of a seed start from the same weights and see the same minibatches. Per run: the
-    final train loss is the mean minibatch loss of the last epoch (recorded by a callback from the
-    ``training_step`` outputs), test accuracy comes from a direct pass over the test loader; a run is
-    "nonfinite" when that loss or any weight is not finite at the end, and "failed" when it is nonfinite or its
-    final train loss is not below ln 10 (uniform guessing): with ReLU at a huge step plain SGD mostly ends in
-    dead or exploded logits rather than in NaN. A run that reaches NaN keeps training (Lightning does not
-    stop) and is reported as such.
+    stratified 80/20 test split, 10% of the rest held out for validation, read only to select the tuned arms, pixels
+    z-scored with training statistics), `torch.optim.SGD` at a constant learning rate large enough that plain SGD
+    blows up (5 and 50), batch 64, 20 epochs, 3 seeds, `Trainer(deterministic=True)` on CPU. Arms: plain SGD,
+    clipped SGD at max_norm 1 (``Trainer(gradient_clip_val=1.0, gradient_clip_algorithm="norm")``, the earlier fixed
+    setting), the `SGDTaming` callback with tamed q = 1 and q = 0.5 (q fixed by the method), and two TUNED arms with
+    five candidates each, selected per learning rate on the VALIDATION split (mean over seeds of the final
+    validation accuracy; ties: lower validation loss; the test split is never read for selection): clipped SGD with
+    ``max_norm = s / lr``, s in {0.1, 0.3, 1, 3, 10} (the clipped step is at most s long), and dissipative (r, a) in
+    {(1, 0), (1, 1e-3), (2, 0), (2, 1e-3), (2, 1e-2)}; plus plain SGD at lr 0.5 as a reference. All arms of a seed
+    start from the same weights and see the same minibatches. Per run: the final train loss is the mean minibatch
+    loss of the last epoch (recorded by a callback from the ``training_step`` outputs), test accuracy comes from a
+    direct pass over the test loader; a run is "nonfinite" when that loss or any weight is not finite at the end,
+    and "failed" when it is nonfinite or its final train loss is not below ln 10 (uniform guessing): with ReLU at a
+    huge step plain SGD mostly ends in dead or exploded logits rather than in NaN. A run that reaches NaN keeps
+    training (Lightning does not stop) and is reported as such.
 
 Outputs: markdown tables on stdout, ``results/tamed_sgd.json`` (the experiments' schema; ``seeds`` counts the
 runs of (a); fractions are means of 0/1 indicators with their std; ``*_median`` metrics hold the median in "mean"
 and the median absolute deviation in "std"; unlike the other experiments, every "std" here is the SAMPLE standard
 deviation (ddof = 1), as published; ``per_seed`` holds each run's values, the digits arms in the first
-``--digits-seeds`` entries) and ``results/tamed_sgd.png``.
+``--digits-seeds`` entries, every tuning candidate included), ``synthetic_clip_selection`` and ``digits_selection``
+(each tuned arm's split, candidates, their validation scores, the test accuracy they would have had, and the
+chosen one) and ``results/tamed_sgd.png``.
 """
 from __future__ import annotations
 
@@ -97,6 +106,51 @@ SYNTHETIC_RULES = {
     "dissipative_r2": functools.partial(dissipative_rule, restoring_coef=1.0, iterate_power=2.0),
     "dissipative_r1": functools.partial(dissipative_rule, restoring_coef=1.0, iterate_power=1.0),
 }
+# Clipped SGD's threshold is tuned, not fixed: the candidates below are run on VALIDATION seeds (their own noise
+# draws, disjoint from the reported seeds) and the one whose runs most often end within 0.1 of a minimiser is run
+# on the reported seeds (ties: the fewest mean steps to first get within 0.1). The dissipative rows are reported
+# for both r (a = 1) without selection, and the tamed arms' q is fixed by the method (q = 1 and the q = 0.5 variant).
+SYNTHETIC_CLIP_GRID = (0.1, 0.3, 1.0, 3.0, 10.0)
+VALIDATION_SEED_OFFSET = 10_000  # validation seeds 10000, 10001, ...; the reported seeds are 0 .. seeds - 1
+
+
+def validation_seeds(count: int) -> list[int]:
+    """The synthetic benchmark's validation seeds: never among the reported seeds ``0 .. seeds - 1``."""
+    return [VALIDATION_SEED_OFFSET + i for i in range(count)]
+
+
+def synthetic_selection_score(result) -> tuple[float, float]:
+    """(fraction of runs ending within 0.1 of a minimiser, minus the mean first step within 0.1; diverged or never
+    near = ``steps + 1``): larger is better, compared lexicographically."""
+    final = result["history"]["dist_to_min"][-1]
+    ok = ~result["diverged"]
+    hit = (result["history"]["dist_to_min"] < NEAR) & ok
+    never = hit.shape[0]
+    first = torch.where(hit.any(0), hit.float().argmax(0).double(), torch.full_like(final, float(never)))
+    return (ok & (final < NEAR)).double().mean().item(), -first.mean().item()
+
+
+def tune_synthetic_clipping(num_val_seeds: int, num_steps: int, grid=SYNTHETIC_CLIP_GRID) -> dict:
+    """Run every threshold of `grid` on the validation seeds (one vectorised simulation, common noise) and pick
+    the best by `synthetic_selection_score`. Reads no reported seed."""
+    noise = stack_noise(validation_seeds(num_val_seeds), num_steps)
+    rows = noise.shape[0]
+    max_norm = torch.tensor(grid, dtype=noise.dtype).repeat_interleave(rows).unsqueeze(-1)
+    result = simulate(functools.partial(clipped_rule, max_norm=max_norm), noise.repeat(len(grid), 1, 1, 1),
+                      robbins_monro_lrs(num_steps))
+    scores = []
+    for i in range(len(grid)):
+        part = slice(i * rows, (i + 1) * rows)
+        distance = result["history"]["dist_to_min"][:, part]
+        scores.append(synthetic_selection_score({"diverged": result["diverged"][part],
+                                                 "history": {"dist_to_min": distance}}))
+    best = max(range(len(grid)), key=lambda i: (scores[i], -i))  # ties: the first (smallest) threshold
+    return {"split": f"validation seeds {VALIDATION_SEED_OFFSET}..{VALIDATION_SEED_OFFSET + num_val_seeds - 1}",
+            "criterion": "fraction ending within 0.1 of a minimiser, then fewest mean steps to first get there",
+            "grid": list(grid), "val_near_minimiser": [s[0] for s in scores],
+            "val_mean_first_step_near_minimiser": [-s[1] for s in scores], "chosen": grid[best]}
+
+
 # The same arms as Lightning callbacks (clipping is Lightning's gradient_clip_val, plain SGD has no callback).
 CALLBACK_ARGS = {"tamed": {"scheme": "tamed", "lr_power": 1.0},
                  "tamed_sqrt_lr": {"scheme": "tamed", "lr_power": 0.5},
@@ -194,12 +248,18 @@ def synthetic_metrics(result) -> dict[str, dict[str, float]]:
     return {name: value for name, value in metrics.items() if value is not None}
 
 
-def run_synthetic(num_seeds: int = 100, num_steps: int = 5000, arms=tuple(SYNTHETIC_RULES), progress=True):
+def run_synthetic(num_seeds: int = 100, num_steps: int = 5000, arms=tuple(SYNTHETIC_RULES), progress=True,
+                  tuned_clip: float | None = None):
+    """Every arm on the reported seeds ``0 .. num_seeds - 1``; with `tuned_clip`, also ``clipped_sgd_tuned`` (norm
+    clipping at that threshold, chosen by `tune_synthetic_clipping` on the validation seeds)."""
     noise = stack_noise(range(num_seeds), num_steps)
     lrs = robbins_monro_lrs(num_steps)
+    rules = {arm: SYNTHETIC_RULES[arm] for arm in arms}
+    if tuned_clip is not None:
+        rules["clipped_sgd_tuned"] = functools.partial(clipped_rule, max_norm=float(tuned_clip))
     results = {}
-    for arm in kit.progress(arms, "(a) synthetic arms") if progress else arms:
-        results[arm] = simulate(SYNTHETIC_RULES[arm], noise, lrs, progress=arm if progress else None)
+    for arm, rule in kit.progress(rules.items(), "(a) synthetic arms") if progress else rules.items():
+        results[arm] = simulate(rule, noise, lrs, progress=arm if progress else None)
     return results
 
 
@@ -240,18 +300,70 @@ def run_lightning_check(seeds=(0, 1, 2), num_steps: int = 1000,
 
 # ----------------------------------------------------------------------------- (c) MLP on digits, through Lightning
 CHANCE_LOSS = math.log(10.0)
-# arm -> (SGDTaming kwargs or None, extra Trainer kwargs). At a constant lr the dissipative restoring term needs
-# ``lr * a < 2`` to be stable, and taming by ``||x||^(2r)`` is not scale-free (``||x|| ~ 5`` at the default
-# init of the 64-64-10 MLP), so its settings here (a = 1e-3, r = 2; and a = 0, r = 1) were picked from a small
-# grid (on the earlier functional version of this MLP), not the synthetic defaults.
+# Fixed arms: name -> (SGDTaming kwargs or None, extra Trainer kwargs). "clipped_sgd" is the earlier fixed setting
+# (Lightning's norm clipping at 1.0 whatever the lr), kept as a reference row; the tamed arms' q is fixed by the
+# method (q = 1, and the q = 0.5 variant), nothing to tune.
 DIGITS_ARMS = {
     "plain_sgd": (None, {}),
     "clipped_sgd": (None, {"gradient_clip_val": 1.0, "gradient_clip_algorithm": "norm"}),
     "tamed": ({"scheme": "tamed", "lr_power": 1.0}, {}),
     "tamed_sqrt_lr": ({"scheme": "tamed", "lr_power": 0.5}, {}),
-    "dissipative_r2_a1e-3": ({"scheme": "dissipative", "restoring_coef": 1e-3, "iterate_power": 2.0}, {}),
-    "dissipative_r1_a0": ({"scheme": "dissipative", "restoring_coef": 0.0, "iterate_power": 1.0}, {}),
 }
+# Tuned arms, the same number of candidates each, selected per learning rate on the VALIDATION split (mean over
+# seeds of the final validation accuracy, ties: lower validation loss; the test split is never read):
+# clipped SGD's threshold scales with 1/lr, max_norm = s / lr, so the clipped step is at most s long (the tamed
+# q = 1 step is at most 1); the dissipative (r, a) grid holds the two settings reported before (r = 2, a = 1e-3
+# and r = 1, a = 0). At a constant lr the restoring term needs ``lr * a < 2``.
+CLIP_STEP_BOUNDS = (0.1, 0.3, 1.0, 3.0, 10.0)
+DISSIPATIVE_GRID = ((1.0, 0.0), (1.0, 1e-3), (2.0, 0.0), (2.0, 1e-3), (2.0, 1e-2))   # (r, a)
+TUNED_FAMILIES = {
+    "clipped_sgd_tuned": tuple(f"clipped_sgd_s{s:g}" for s in CLIP_STEP_BOUNDS),
+    "dissipative_tuned": tuple(f"dissipative_r{r:g}_a{a:g}" for r, a in DISSIPATIVE_GRID),
+}
+SELECTION_SPLIT = "validation (10% of the training part, disjoint from the test split)"
+
+
+def digits_setting(arm: str, lr: float) -> tuple[dict | None, dict]:
+    """(SGDTaming kwargs or None, extra Trainer kwargs) of a fixed arm or of a tuning candidate at this lr."""
+    if arm in DIGITS_ARMS:
+        return DIGITS_ARMS[arm]
+    if arm.startswith("clipped_sgd_s"):
+        bound = float(arm[len("clipped_sgd_s"):])
+        return None, {"gradient_clip_val": bound / lr, "gradient_clip_algorithm": "norm"}
+    if arm.startswith("dissipative_r"):
+        r, a = arm[len("dissipative_r"):].split("_a")
+        return {"scheme": "dissipative", "restoring_coef": float(a), "iterate_power": float(r)}, {}
+    raise ValueError(f"unknown digits arm {arm!r}")
+
+
+def select_candidate(results: dict, candidates, lr: float) -> str:
+    """The candidate (name without ``_lr``) with the best mean validation accuracy over seeds at this lr; ties go
+    to the lower mean validation loss (non-finite counts as +inf), then to the earlier candidate. Reads only
+    ``val_accuracy`` and ``val_loss``."""
+    def key(i_candidate):
+        i, candidate = i_candidate
+        result = results[f"{candidate}_lr{lr:g}"]
+        loss = torch.nan_to_num(result["val_loss"].double(), nan=math.inf, posinf=math.inf)
+        return (-result["val_accuracy"].double().mean().item(), loss.mean().item(), i)
+
+    return min(enumerate(candidates), key=key)[1]
+
+
+def tune_digits(results: dict, large_lrs, families=TUNED_FAMILIES) -> tuple[dict, dict]:
+    """Add ``<family>_lr<lr>`` (the selected candidate's runs) to a copy of `results`; return it and the record
+    ``{family: {lr: {"candidates", "val_accuracy", "test_accuracy", "chosen"}}}`` (test accuracy only reported)."""
+    tuned, record = dict(results), {}
+    for family, candidates in families.items():
+        if not all(f"{c}_lr{lr:g}" in results for c in candidates for lr in large_lrs):
+            continue
+        for lr in large_lrs:
+            chosen = select_candidate(results, candidates, lr)
+            tuned[f"{family}_lr{lr:g}"] = results[f"{chosen}_lr{lr:g}"]
+            record.setdefault(family, {})[f"{lr:g}"] = {
+                "split": SELECTION_SPLIT, "candidates": list(candidates), "chosen": chosen,
+                "val_accuracy": [results[f"{c}_lr{lr:g}"]["val_accuracy"].mean().item() for c in candidates],
+                "test_accuracy": [results[f"{c}_lr{lr:g}"]["test_accuracy"].mean().item() for c in candidates]}
+    return tuned, record
 
 
 class StepLossRecorder(Callback):
@@ -280,7 +392,7 @@ def digits_run(arm: str, lr: float, seed: int, epochs: int = 20) -> dict:
     minibatches. Returns final train loss (mean over the last epoch), test accuracy, flags and the step curve."""
     from callbacks.sgd_taming import SGDTaming
 
-    taming, trainer_kwargs = DIGITS_ARMS[arm]
+    taming, trainer_kwargs = digits_setting(arm, lr)
     recorder = StepLossRecorder()
     callbacks = [recorder] + ([SGDTaming(**taming)] if taming is not None else [])
     model, data = kit.from_config(DIGITS_CONFIG, f"--seed_everything={seed}", "--model.init_args.hidden_dim=64",
@@ -289,24 +401,39 @@ def digits_run(arm: str, lr: float, seed: int, epochs: int = 20) -> dict:
                                 **trainer_kwargs)
     trainer.fit(model, datamodule=data)
     model.eval()
-    correct = total = 0
-    with torch.no_grad():
-        for images, labels in data.test_dataloader():
-            correct += (model(images).argmax(-1) == labels).sum().item()
-            total += len(labels)
+    val_accuracy, val_loss = evaluate(model, data.val_dataloader())     # what tuning reads
+    test_accuracy, _ = evaluate(model, data.test_dataloader())         # what is reported
     train_loss = recorder.last_epoch_mean()
     weights_finite = all(torch.isfinite(p).all().item() for p in model.parameters())
     nonfinite = not (math.isfinite(train_loss) and weights_finite)
-    return {"train_loss": train_loss, "test_accuracy": correct / total, "nonfinite": nonfinite,
-            "failed": nonfinite or not train_loss < CHANCE_LOSS, "curve": recorder.losses}
+    return {"train_loss": train_loss, "test_accuracy": test_accuracy, "val_accuracy": val_accuracy,
+            "val_loss": val_loss, "nonfinite": nonfinite, "failed": nonfinite or not train_loss < CHANCE_LOSS,
+            "curve": recorder.losses}
+
+
+def evaluate(model, loader) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy) of `model` over `loader`."""
+    correct = total = 0
+    loss = 0.0
+    with torch.no_grad():
+        for images, labels in loader:
+            logits = model(images)
+            correct += (logits.argmax(-1) == labels).sum().item()
+            loss += F.cross_entropy(logits, labels, reduction="sum").item()
+            total += len(labels)
+    return correct / total, loss / total
+
+
+DIGITS_RUNS = tuple(DIGITS_ARMS) + tuple(c for candidates in TUNED_FAMILIES.values() for c in candidates)
 
 
 def run_digits(seeds=(0, 1, 2), large_lrs=(5.0, 50.0), reference_lr: float = 0.5, epochs: int = 20,
-               arms=tuple(DIGITS_ARMS), progress=True):
-    """Plain SGD at `reference_lr`, then every arm at every large lr; results keyed ``<arm>_lr<lr>``.
+               arms=DIGITS_RUNS, progress=True):
+    """Plain SGD at `reference_lr`, then every arm (fixed arms and tuning candidates) at every large lr; results
+    keyed ``<arm>_lr<lr>``. Select the tuned arms afterwards with `tune_digits`.
 
-    Per arm: ``train_loss``, ``test_accuracy``, ``nonfinite``, ``failed`` (tensors over seeds) and ``curve``
-    (``(steps, seeds)`` minibatch losses, NaN where non-finite)."""
+    Per arm: ``train_loss``, ``test_accuracy``, ``val_accuracy``, ``val_loss``, ``nonfinite``, ``failed`` (tensors
+    over seeds) and ``curve`` (``(steps, seeds)`` minibatch losses, NaN where non-finite)."""
     for name in ("lightning.pytorch", "lightning.fabric", "lightning_modules"):
         logging.getLogger(name).setLevel(logging.ERROR)
     jobs = [("plain_sgd", reference_lr)] + [(arm, lr) for lr in large_lrs for arm in arms]
@@ -319,6 +446,8 @@ def run_digits(seeds=(0, 1, 2), large_lrs=(5.0, 50.0), reference_lr: float = 0.5
         results[f"{arm}_lr{lr:g}"] = {
             "train_loss": torch.tensor([run["train_loss"] for run in runs], dtype=torch.float64),
             "test_accuracy": torch.tensor([run["test_accuracy"] for run in runs], dtype=torch.float64),
+            "val_accuracy": torch.tensor([run["val_accuracy"] for run in runs], dtype=torch.float64),
+            "val_loss": torch.tensor([run["val_loss"] for run in runs], dtype=torch.float64),
             "nonfinite": torch.tensor([run["nonfinite"] for run in runs]),
             "failed": torch.tensor([run["failed"] for run in runs]),
             "curve": torch.where(torch.isfinite(curve), curve, torch.nan)}
@@ -328,6 +457,7 @@ def run_digits(seeds=(0, 1, 2), large_lrs=(5.0, 50.0), reference_lr: float = 0.5
 def digits_metrics(result) -> dict[str, dict[str, float]]:
     loss = result["train_loss"]
     metrics = {"train_loss": mean_std(loss[torch.isfinite(loss)]),
+               "val_accuracy": mean_std(result["val_accuracy"]),
                "test_accuracy": mean_std(result["test_accuracy"]),
                "nonfinite": mean_std(result["nonfinite"].float()),
                "failed": mean_std(result["failed"].float())}
@@ -358,7 +488,7 @@ def plot(synthetic, digits, path: Path, shown_seeds: int = 5) -> None:
     surface = get_objective("exp_saddle").value(torch.stack([grid_x, grid_y], -1).double())
     ax = axes[0, 0]
     ax.contourf(grid_x, grid_y, torch.log(surface - 1.75 + 1e-2), levels=30, cmap="Greys")
-    for (arm, color) in (("tamed", "tab:blue"), ("dissipative_r2", "tab:orange"), ("clipped_sgd", "tab:green")):
+    for (arm, color) in (("tamed", "tab:blue"), ("dissipative_r2", "tab:orange"), ("clipped_sgd_tuned", "tab:green")):
         trajectory = synthetic[arm]["trajectory"][:, :shown_seeds]
         for run in range(trajectory.shape[1]):
             ax.plot(trajectory[:, run, 0], trajectory[:, run, 1], color=color, lw=0.8, alpha=0.7,
@@ -383,8 +513,8 @@ def plot(synthetic, digits, path: Path, shown_seeds: int = 5) -> None:
             ax.set(yscale="log", ylim=(1e-7, 1e5), title="(a) median f(x_n) - f*, non-diverged runs")
         ax.legend(fontsize=8)
     ax = axes[1, 1]
-    colors = {"plain_sgd": "tab:red", "clipped_sgd": "tab:green", "tamed": "tab:blue", "tamed_sqrt_lr": "tab:cyan",
-              "dissipative_r2_a1e-3": "tab:orange", "dissipative_r1_a0": "tab:brown"}
+    colors = {"plain_sgd": "tab:red", "clipped_sgd": "tab:olive", "clipped_sgd_tuned": "tab:green",
+              "tamed": "tab:blue", "tamed_sqrt_lr": "tab:cyan", "dissipative_tuned": "tab:orange"}
     for arm, result in digits.items():
         rule, lr = arm.rsplit("_lr", 1)
         curve = result["curve"].nanmean(dim=1)
@@ -421,7 +551,7 @@ def per_run_values(synthetic, digits) -> list[dict[str, dict[str, float]]]:
         for j in range(len(result["failed"])):
             if j == len(runs):
                 runs.append({})
-            row = {name: float(result[name][j]) for name in ("test_accuracy", "nonfinite", "failed")}
+            row = {name: float(result[name][j]) for name in ("val_accuracy", "test_accuracy", "nonfinite", "failed")}
             if math.isfinite(result["train_loss"][j]):
                 row["train_loss"] = float(result["train_loss"][j])
             runs[j][f"digits/{arm}"] = row
@@ -434,18 +564,27 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--check-steps", type=int, default=1000, help="steps of the Lightning check (b)")
     parser.add_argument("--digits-seeds", type=int, default=3, help="seeds of the MLP experiment (c)")
     parser.add_argument("--digits-epochs", type=int, default=20, help="epochs of the MLP experiment (c)")
+    parser.add_argument("--val-seeds", type=int, default=20,
+                        help="validation seeds of (a) on which clipped SGD's threshold is selected")
     args = parser.parse_args(argv)
-    large_lrs, digits_arms, check_seeds = (5.0, 50.0), tuple(DIGITS_ARMS), (0, 1, 2)
+    large_lrs, digits_arms, check_seeds, families = (5.0, 50.0), DIGITS_RUNS, (0, 1, 2), TUNED_FAMILIES
     if args.smoke:  # the pipeline in seconds
-        args.steps, args.check_steps, args.digits_seeds, args.digits_epochs = 50, 20, 1, 1
-        large_lrs, digits_arms, check_seeds = (50.0,), ("plain_sgd", "tamed"), (0,)
+        args.steps, args.check_steps, args.digits_seeds, args.digits_epochs, args.val_seeds = 50, 20, 1, 1, 2
+        families = {"clipped_sgd_tuned": TUNED_FAMILIES["clipped_sgd_tuned"][1:3]}
+        large_lrs, digits_arms, check_seeds = (50.0,), ("plain_sgd", "tamed", *families["clipped_sgd_tuned"]), (0,)
     kit.quiet_single_thread()
     started = time.time()
 
-    synthetic = run_synthetic(args.seeds, args.steps)
+    clip_selection = tune_synthetic_clipping(args.val_seeds, args.steps)
+    synthetic = run_synthetic(args.seeds, args.steps, tuned_clip=clip_selection["chosen"])
     check = run_lightning_check(seeds=check_seeds, num_steps=args.check_steps)
-    digits = run_digits(seeds=tuple(range(args.digits_seeds)), large_lrs=large_lrs, epochs=args.digits_epochs,
-                        arms=digits_arms)
+    digits_runs = run_digits(seeds=tuple(range(args.digits_seeds)), large_lrs=large_lrs, epochs=args.digits_epochs,
+                             arms=digits_arms)
+    digits_all, digits_selection = tune_digits(digits_runs, large_lrs, families)
+    shown = ["plain_sgd", "clipped_sgd", *families, "tamed", "tamed_sqrt_lr"]
+    digits = {"plain_sgd_lr0.5": digits_all["plain_sgd_lr0.5"]}
+    digits.update({f"{arm}_lr{lr:g}": digits_all[f"{arm}_lr{lr:g}"] for lr in large_lrs for arm in shown
+                   if f"{arm}_lr{lr:g}" in digits_all})
 
     arms = {f"synthetic/{arm}": synthetic_metrics(result) for arm, result in synthetic.items()}
     arms.update({f"lightning_check/{arm}": {"max_abs_diff": {"mean": row["max_abs_diff"], "std": 0.0}}
@@ -453,6 +592,10 @@ def main(argv: list[str] | None = None) -> dict:
     arms.update({f"digits/{arm}": digits_metrics(result) for arm, result in digits.items()})
 
     print(f"\n## (a) {args.seeds} seeds, {args.steps} steps, start (8, 1e-3), gamma_n = 0.5/(n+10)^0.7\n")
+    print(f"clipped SGD threshold chosen on {clip_selection['split']}: {clip_selection['chosen']:g} "
+          f"(grid {clip_selection['grid']}, validation near-minimiser fractions "
+          f"{[round(v, 3) for v in clip_selection['val_near_minimiser']]}, mean first steps "
+          f"{[round(v) for v in clip_selection['val_mean_first_step_near_minimiser']]})\n")
     print(table({arm: synthetic_metrics(result) for arm, result in synthetic.items()},
                 ["diverged", "near_minimiser", "near_saddle", "final_grad_norm_median",
                  "final_f_gap", "first_step_near_minimiser"]))
@@ -464,7 +607,12 @@ def main(argv: list[str] | None = None) -> dict:
               f"{row['diverged_steps_vectorised']} |")
     print(f"\n## (c) MLP 64-64-10 on digits, {args.digits_seeds} seeds, {args.digits_epochs} epochs, constant lr\n")
     print(table({arm: digits_metrics(result) for arm, result in digits.items()},
-                ["train_loss", "test_accuracy", "nonfinite", "failed"]))
+                ["train_loss", "val_accuracy", "test_accuracy", "nonfinite", "failed"]))
+    for family, by_lr in digits_selection.items():
+        for lr, row in by_lr.items():
+            print(f"{family} at lr {lr}: chose {row['chosen']} on the validation split; candidates "
+                  + ", ".join(f"{c} val {v:.3f} (test {t:.3f})" for c, v, t in
+                              zip(row["candidates"], row["val_accuracy"], row["test_accuracy"])))
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -473,10 +621,13 @@ def main(argv: list[str] | None = None) -> dict:
               "check_steps": args.check_steps, "digits_seeds": args.digits_seeds, "digits_epochs": args.digits_epochs,
               "digits_large_lrs": large_lrs, "digits_hidden_dim": 64, "start": START, "sigma_mult": SIGMA_MULT,
               "sigma_add": SIGMA_ADD, "base_lr": BASE_LR, "n0": N0, "power": POWER, "std": "sample (ddof 1)",
-              "smoke": args.smoke}
+              "val_seeds": args.val_seeds, "synthetic_clip_grid": SYNTHETIC_CLIP_GRID,
+              "digits_clip_step_bounds": CLIP_STEP_BOUNDS, "digits_dissipative_grid_r_a": DISSIPATIVE_GRID,
+              "digits_selection_split": SELECTION_SPLIT, "smoke": args.smoke}
     report = kit.write_result(PAPER, seeds=args.seeds, wall_s=time.time() - started, config=config, arms=arms,
-                              per_seed=per_run_values(synthetic, digits), out=out, name="tamed_sgd",
-                              lightning_check=check)
+                              per_seed=per_run_values(synthetic, digits_runs), out=out, name="tamed_sgd",
+                              lightning_check=check, synthetic_clip_selection=clip_selection,
+                              digits_selection=digits_selection)
     print(f"\nwrote {out / 'tamed_sgd.json'} and {out / 'tamed_sgd.png'} in {report['wall_s']:.0f} s")
     return report
 

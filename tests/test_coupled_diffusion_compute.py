@@ -1,0 +1,55 @@
+"""Coupled diffusion experiment: the compute each arm spends (network calls per optimiser step and per sampled
+image, counted by hooks), and the compute-matched Enhanced arm."""
+from __future__ import annotations
+
+import torch
+
+from datamodules.corrupted_images import CorruptedImageDataModule
+from experiments import coupled_diffusion as exp
+from experiments import kit
+from lightning_modules.coupled_diffusion import CoupledDiffusion
+
+TINY = dict(num_train_timesteps=20, sampling_steps=5, condition_sampling_steps=5, signal_hidden_dim=16,
+            signal_depth=1, logit_hidden_dim=16, logit_depth=1, feature_dim=4, feature_hidden_dim=8, time_dim=8,
+            classifier_hidden_dim=16, coupling_iterations=3, nested_block_size=5, nested_refresh_every=2,
+            nested_refresh_from=4, alternating_iterations=2)
+
+
+def tiny_model(**overrides) -> CoupledDiffusion:
+    torch.manual_seed(0)
+    return CoupledDiffusion(**{**TINY, **overrides})
+
+
+def test_training_calls_per_step_hand_counted():
+    data = CorruptedImageDataModule(batch_size=16)
+    data.setup("fit")
+    # Parallel: 3 inner iterations of (enhancer, f on the image, logit denoiser + its feature encoder), plus f on
+    # the clean batch for the logit target
+    parallel = exp.training_passes(tiny_model(), data)
+    assert parallel == {"signal_net": 3, "logit_net": 3, "feature_net": 3, "classifier": 4}
+    # Enhanced: one enhancer call, nothing else
+    assert exp.training_passes(tiny_model(strategy="enhanced"), data) == {
+        "signal_net": 1, "logit_net": 0, "feature_net": 0, "classifier": 0}
+    row = exp.compute_metrics("train", parallel)
+    assert row["train_denoiser"] == 6.0 and row["train_classifier"] == 4.0
+
+
+def test_sampling_calls_per_image_hand_counted_and_hooks_are_removed():
+    corrupted = torch.rand(4, 1, 8, 8) * 2 - 1
+    model = tiny_model().eval()
+    with exp.CallCounter(model) as counter:
+        model.sample(corrupted, "parallel", torch.Generator().manual_seed(0))
+    # 5 DDIM steps of each chain; f on x_c once, on x0_hat at the 2 steps below T/2 (t = 7, 3), on the final x
+    assert counter.counts == {"signal_net": 5, "logit_net": 5, "feature_net": 5, "classifier": 4}
+    with exp.CallCounter(model) as counter:
+        model.sample(corrupted, "enhanced", torch.Generator().manual_seed(0))
+    assert counter.counts == {"signal_net": 5, "logit_net": 0, "feature_net": 0, "classifier": 1}
+    model.sample(corrupted, "parallel", torch.Generator().manual_seed(0))  # after the block: no more counting
+    assert counter.counts["signal_net"] == 5
+
+
+def test_compute_matched_enhanced_gets_the_parallel_iterations_in_optimiser_steps():
+    assert exp.STRATEGY["enhanced_3x"] == "enhanced" and exp.SAMPLERS["enhanced_3x"] == "enhanced_3x"
+    assert "enhanced_3x" in exp.ARMS
+    model, _ = kit.from_config(exp.COUPLED_CONFIG)
+    assert model.hparams.coupling_iterations == exp.COMPUTE_FACTOR == 3
