@@ -255,6 +255,7 @@ def plot(curves: dict, path: str) -> None:
     fig.suptitle("Multi-answer RL on the divisor task, validation prompts (mean over seeds; step 0 = SFT warm-up)")
     fig.tight_layout(rect=(0, 0.12, 1, 1))
     fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -286,13 +287,14 @@ def main(argv: list[str] | None = None) -> dict:
         per_seed.append(results)
         all_curves.append(curves)
         splits.append(split)
-    arms = summarise(table_rows(per_seed))
-    curves = mean_curves(all_curves)
-    settings = {k: v for k, v in vars(args).items() if k != "out"}
-    result = write_result(PAPER, seeds=args.seeds, wall_s=time.time() - start, config=settings, arms=arms,
-                          per_seed=per_seed, out=args.out, name="multi_answer_rl", curves=curves,
-                          prompt_splits=splits)
-    plot(curves, os.path.join(args.out, "multi_answer_rl.png"))
+        # written after every seed (``seeds`` = the seeds done so far), so a long run leaves its finished seeds
+        arms = summarise(table_rows(per_seed))
+        curves = mean_curves(all_curves)
+        settings = {k: v for k, v in vars(args).items() if k != "out"}
+        result = write_result(PAPER, seeds=len(per_seed), wall_s=time.time() - start, config=settings, arms=arms,
+                              per_seed=per_seed, out=args.out, name="multi_answer_rl", curves=curves,
+                              prompt_splits=splits)
+        plot(curves, os.path.join(args.out, "multi_answer_rl.png"))
     print("test prompts (held out of training):")
     print(markdown_table(arms, (*METRICS, *TRAIN_METRICS)))
     print(f"\nwall {result['wall_s']:.0f} s (seeds {args.seeds}, SFT {args.sft_steps} steps, GRPO {args.rl_steps} "

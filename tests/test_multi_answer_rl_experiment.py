@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from argparse import Namespace
+from functools import lru_cache
 
 import pytest
 
@@ -9,6 +10,7 @@ from experiments import multi_answer_rl as exp
 from experiments.kit import from_config
 
 
+@lru_cache(maxsize=None)
 def _datamodule(seed: int, fmt: str, split: str):
     _, dm = from_config(exp.SFT_CONFIG if split == "sft" else exp.RL_CONFIG,
                         *exp._data_overrides(fmt, seed, 199), f"--data.init_args.train_split={split}")
@@ -37,8 +39,8 @@ def test_train_validation_and_test_prompts_are_disjoint_and_training_reads_only_
 
 
 def test_splits_differ_across_seeds():
-    a = exp.split_prompts(_datamodule(0, "multi", "rl"), 0)
-    b = exp.split_prompts(_datamodule(1, "multi", "rl"), 1)
+    a = exp.split_prompts(_datamodule(0, "single", "rl"), 0)
+    b = exp.split_prompts(_datamodule(1, "single", "rl"), 1)
     assert {e.id for e in a["test"]} != {e.id for e in b["test"]}
 
 
@@ -68,7 +70,7 @@ class _Recorder:
 
 
 def test_reported_metrics_come_from_test_prompts_and_curves_from_validation():
-    dm = _datamodule(0, "multi", "rl")
+    dm = _datamodule(0, "single", "rl")
     pools = exp.split_prompts(dm, 0)
     module = _Recorder()
     metrics = exp.final_metrics(module, dm, pools, Namespace(eval_sets=1), 0)
