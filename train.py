@@ -11,11 +11,14 @@ exit status 2, not a library traceback.
 """
 from __future__ import annotations
 
+import difflib
 import importlib
+import inspect
 import json
 import logging
 import os
 import pkgutil
+import re
 import sys
 
 os.environ.setdefault("WANDB_MODE", "offline")  # online W&B without an API key fails; opt in explicitly
@@ -29,7 +32,7 @@ import callbacks  # noqa: E402
 import datamodules  # noqa: E402
 import lightning_modules  # noqa: E402
 from lightning_modules.base import read_checkpoint  # noqa: E402
-from lightning_modules.errors import UserInputError  # noqa: E402
+from lightning_modules.errors import UserInputError, one_line  # noqa: E402
 
 COLLECTION_PACKAGES = (lightning_modules, datamodules, callbacks)
 log = logging.getLogger("train")
@@ -162,6 +165,133 @@ def _find_user_error(err: BaseException | None) -> UserInputError | None:
     return None
 
 
+# ------------------------------------------------------------------------------------------- parse errors
+def _known_class_names() -> list[str]:
+    """Short names a user may give for a class: the collection's classes, Lightning's callbacks and loggers,
+    torch's optimisers and schedules."""
+    import lightning.pytorch.callbacks as pl_callbacks
+    import lightning.pytorch.loggers as pl_loggers
+    import torch.optim
+    import torch.optim.lr_scheduler
+    modules = [sys.modules[name] for name in COLLECTION_MODULES]
+    modules += [pl_callbacks, pl_loggers, torch.optim, torch.optim.lr_scheduler]
+    return sorted({name for module in modules for name, value in vars(module).items()
+                   if isinstance(value, type) and not name.startswith("_")})
+
+
+def _accepted_arguments(class_path: str) -> list[str]:
+    """The ``__init__`` argument names of a class and of every base class its ``**kwargs`` reach."""
+    cls = _class_of(class_path)
+    names: list[str] = []
+    for klass in (cls.__mro__ if isinstance(cls, type) else ()):
+        if "__init__" in vars(klass):
+            names += [name for name, p in inspect.signature(klass.__init__).parameters.items()
+                      if name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+    return list(dict.fromkeys(names))
+
+
+def _option_keys(parser) -> list[str]:
+    """Every ``--dotted.key`` the parser and its subcommand parsers accept, without the dashes."""
+    keys, stack = [], [parser]
+    while stack:
+        current = stack.pop()
+        keys += [option[2:] for option in current._option_string_actions if option.startswith("--")]
+        stack += [choice for action in current._actions
+                  for choice in (getattr(action, "choices", None) or {}).values()
+                  if isinstance(choice, LightningArgumentParser)]
+    return sorted(set(keys))
+
+
+def _did_you_mean(name: str, candidates: list[str]) -> str:
+    """' (did you mean A or B?)' for the closest candidates, compared on the last dotted part too."""
+    short = {candidate.rpartition(".")[2]: candidate for candidate in candidates}
+    matches = difflib.get_close_matches(name, candidates, n=3, cutoff=0.6)
+    matches += [short[m] for m in difflib.get_close_matches(name.rpartition(".")[2], list(short), n=3, cutoff=0.6)]
+    matches = list(dict.fromkeys(matches))[:3]
+    return f" (did you mean {' or '.join(matches)}?)" if matches else ""
+
+
+def explain_parse_error(message: str, parser) -> str:
+    """jsonargparse's multi-line parse error as one line naming the bad key or value and the closest valid ones.
+
+    Handles the paths users meet most: an unknown option (``--trainer.max_epochz``, ``trainer: {max_epoch: 3}`` in
+    a YAML file), an argument a class does not accept (``--model.init_args.lrr``), and an unknown class name
+    (``--model ImageClasifier``). Anything else is jsonargparse's own message with its lines joined.
+    """
+    text = " ".join(line.strip() for line in message.splitlines() if line.strip())
+    top_key = re.search(r'Parser key "([^"]+)"', message)
+    nested = re.search(r"NestedArg\(key='([^']+)'", message)
+    where = (f"--{top_key.group(1)}" + (f".init_args.{nested.group(1)}" if nested else "") + ": ") if top_key else ""
+    unknown_option = (re.search(r"does not accept option '([^']+)'", message)
+                      or re.search(r"unrecognized arguments: (?:\w+ )?--([^=\s]+)", message))
+    if unknown_option:
+        key = unknown_option.group(1)
+        group = re.match(r"Group '([^']+)' does not accept", message)
+        key = f"{group.group(1)}.{key}" if group else key
+        return f"unknown option '{key}'{_did_you_mean(key, _option_keys(parser))}."
+    not_accepted = re.search(r"Option '([^']+)' is not accepted", message)
+    if not_accepted:
+        class_paths = re.findall(r"class_path(?:=| )'([^']+)'", message[: not_accepted.start()]) \
+            + re.findall(r"class_path='([^']+)'", message[not_accepted.end():])
+        owner = class_paths[-1] if class_paths else ""
+        key = not_accepted.group(1)
+        accepted = _accepted_arguments(owner) if owner else []
+        return (f"{where}{owner.rpartition('.')[2] or 'the class'} does not accept the argument '{key}'"
+                f"{_did_you_mean(key, accepted)}.")
+    unknown_class = re.search(r"Expected a dot import path string: (\S+)", message) \
+        or re.search(r"has no attribute '[^']+'\. Got value: (\S+)", message)
+    if unknown_class:
+        name = unknown_class.group(1)
+        return f"{where}'{name}' is not a known class{_did_you_mean(name, _known_class_names())}."
+    return text
+
+
+class CollectionArgumentParser(LightningArgumentParser):
+    """A parser whose errors are one ``error:`` line (exit status 2) with the closest valid names; the full usage
+    only on ``--help``."""
+
+    def error(self, message: str, ex: Exception | None = None):
+        if not self.exit_on_error or os.environ.get("JSONARGPARSE_DEBUG"):
+            return super().error(message, ex)  # jsonargparse tries alternatives through these errors
+        parser = getattr(ex, "subcommand_parser", None) or self
+        command = parser.prog.replace(" [options]", "")
+        sys.stderr.write(f"error: {explain_parse_error(message, parser)} ('{command} --help' lists every option)\n")
+        self.exit(2)
+
+
+# --------------------------------------------------------------------------------------- run-time errors
+# Lightning's own refusals of a config value that already name the fix: shown as one error line, not a traceback.
+LIGHTNING_INPUT_ERRORS = ("`val_check_interval`",)
+
+
+def _prerequisites(argv: list[str]) -> list[str]:
+    """The ``# prerequisite: <config>`` lines of the config files named on the command line."""
+    configs = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg in ("--config", "-c")]
+    configs += [arg.split("=", 1)[1] for arg in argv if arg.startswith("--config=")]
+    found = []
+    for config in configs:
+        try:
+            lines = open(config, encoding="utf-8").read().splitlines()
+        except OSError:
+            continue
+        found += [m.group(1) for m in (re.match(r"#\s*prerequisite:\s*(\S+)\s*$", line) for line in lines) if m]
+    return found
+
+
+def explain_run_error(err: BaseException, argv: list[str]) -> str | None:
+    """The one error line for a user-input failure (None for anything else, which keeps its traceback)."""
+    if isinstance(err, UserInputError):
+        message = str(err)
+        prerequisites = _prerequisites(argv)
+        if prerequisites and "does not exist" in message and "init_from" in message:
+            message += " This config starts from the checkpoint of " + " and ".join(prerequisites) \
+                + ": run " + "; ".join(f"'python train.py fit --config {p}'" for p in prerequisites) + " first."
+        return message
+    if isinstance(err, ValueError) and str(err).lstrip().startswith(LIGHTNING_INPUT_ERRORS):
+        return f"trainer: {one_line(err)}"
+    return None
+
+
 class CollectionCLI(LightningCLI):
     """LightningCLI with the data-derived links and checkpoint validation of this collection."""
 
@@ -241,6 +371,7 @@ CLI_KWARGS = dict(
     subclass_mode_data=True,
     auto_configure_optimizers=False,
     save_config_callback=RunConfigSaver,
+    parser_class=CollectionArgumentParser,
 )
 
 
@@ -252,6 +383,9 @@ def main(args: list[str] | dict | None = None, run: bool = True, cli_class: type
 if __name__ == "__main__":
     try:
         main()
-    except UserInputError as err:
-        print(f"error: {err}", file=sys.stderr)
+    except ValueError as err:  # UserInputError, and Lightning's refusals of a config value
+        explained = explain_run_error(err, sys.argv[1:])
+        if explained is None:
+            raise
+        print(f"error: {explained}", file=sys.stderr)
         sys.exit(2)

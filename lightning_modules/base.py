@@ -32,7 +32,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from lightning_modules.data_contract import contract_members
-from lightning_modules.errors import UserInputError
+from lightning_modules.errors import UserInputError, one_line
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -59,7 +59,7 @@ def read_checkpoint(path: str, trusted: bool = False, what: str = "checkpoint") 
                              "Is it truncated, or a file of another format?") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as err:
         raise UserInputError(f"{what} '{path}' could not be read: it looks truncated or is not a torch "
-                             f"checkpoint ({type(err).__name__}: {str(err).splitlines()[0][:160]}). "
+                             f"checkpoint ({type(err).__name__}: {one_line(err)}). "
                              "Re-copy the file or point to another checkpoint.") from None
     if isinstance(payload, dict) and "state_dict" in payload:
         state = payload["state_dict"]
@@ -177,11 +177,34 @@ class PaperModule(LightningModule):
         """Parameters handed to the optimiser; override to exclude or group parameters."""
         return [p for p in self.parameters() if p.requires_grad]
 
+    def build_optimizer(self, parameters) -> torch.optim.Optimizer:
+        """The injected optimiser over ``parameters``; a value torch refuses (a negative learning rate, betas
+        outside [0, 1), an unknown argument) becomes one error line naming the config key, not a traceback."""
+        try:
+            return self.optimizer_factory(parameters)
+        except UserInputError:
+            raise
+        except (ValueError, TypeError) as err:
+            raise UserInputError(f"the optimizer could not be built from the config: {type(err).__name__}: "
+                                 f"{one_line(err)}. Fix the value under model.init_args.optimizer.init_args "
+                                 "(e.g. --model.init_args.optimizer.init_args.lr=0.001).") from None
+
+    def build_lr_scheduler(self, optimizer: torch.optim.Optimizer):
+        """The injected learning-rate schedule, with the same one-line error as `build_optimizer`."""
+        try:
+            return self.lr_scheduler_factory(optimizer)
+        except UserInputError:
+            raise
+        except (ValueError, TypeError) as err:
+            raise UserInputError(f"the lr_scheduler could not be built from the config: {type(err).__name__}: "
+                                 f"{one_line(err)}. Fix the value under model.init_args.lr_scheduler.init_args.") \
+                from None
+
     def configure_optimizers(self):
-        optimizer = self.optimizer_factory(self.trainable_parameters())
+        optimizer = self.build_optimizer(self.trainable_parameters())
         if self.lr_scheduler_factory is None:
             return optimizer
-        scheduler = self.lr_scheduler_factory(optimizer)
+        scheduler = self.build_lr_scheduler(optimizer)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # ----------------------------------------------------------------------------- resuming

@@ -121,7 +121,7 @@ from lightning_modules.classifier import build_backbone
 from lightning_modules.coupling_strategies import SAMPLERS, STRATEGIES, TRAINING_LOSSES, noise_like
 from lightning_modules.data_contract import PixelStatisticsData
 from lightning_modules.denoisers import MLPDenoiser, UNet, from_model_range, to_model_range
-from lightning_modules.errors import UserInputError, check_range
+from lightning_modules.errors import UserInputError, check_range, one_line
 
 log = logging.getLogger(__name__)
 
@@ -400,7 +400,7 @@ class CoupledDiffusion(PaperModule):
             self.classifier.load_state_dict(state, strict=True)
         except RuntimeError as err:
             raise UserInputError(f"the classifier weights do not fit the configured classifier architecture "
-                                 f"({str(err).splitlines()[0][:300]}...). Match classifier_backbone / "
+                                 f"({one_line(err)}). Match classifier_backbone / "
                                  "classifier_hidden_dim / classifier_depth / num_classes to the checkpoint.") from None
         self.classifier.requires_grad_(False)
         self.classifier_loaded = True

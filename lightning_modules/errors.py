@@ -11,6 +11,11 @@ class UserInputError(ValueError):
     """A config value, data file or checkpoint supplied by the user is missing or invalid."""
 
 
+def one_line(err: BaseException | str) -> str:
+    """A library's message quoted whole on one line (its lines joined), for embedding in a `UserInputError`."""
+    return " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+
+
 def check_range(name: str, value: float, low: float | None = None, high: float | None = None,
                 low_inclusive: bool = True, high_inclusive: bool = True) -> None:
     """Raise `UserInputError` unless `low <= value <= high` (bounds optional, inclusivity configurable)."""

@@ -81,6 +81,7 @@ from lightning_modules.errors import UserInputError, check_range
 from lightning_modules.rollout_allocation import RolloutAllocator
 from lightning_modules.rollouts import KVCacheSampler, RolloutEngine
 from lightning_modules.token_logprobs import completion_logprobs
+from lightning_modules.tiny_gpt import check_policy_vocabulary
 
 
 
@@ -338,10 +339,7 @@ class GRPO(PaperModule):
         return self._tokenizer
 
     def set_tokenizer(self, tokenizer) -> None:
-        vocab = getattr(self.policy, "vocab_size", None)
-        if vocab is not None and tokenizer.vocab_size > vocab:
-            raise UserInputError(f"the tokenizer has {tokenizer.vocab_size} ids but the policy's vocab_size is "
-                                 f"{vocab}; raise the policy's vocab_size to at least {tokenizer.vocab_size}.")
+        check_policy_vocabulary(self.policy, tokenizer.vocab_size)
         self._tokenizer = tokenizer
 
     def load_initial_weights(self):
@@ -358,6 +356,9 @@ class GRPO(PaperModule):
                 "number of forward passes (early stop at EOS, a second stage only where needed) and sharded "
                 "parameters are gathered in every forward, so the ranks would hang. Use --trainer.strategy=ddp "
                 "(with --trainer.precision=bf16-true for a 7B policy, as configs/knapsack_rl/paper.yaml).")
+        data_tokenizer = self.data_value(TokenizedData, "tokenizer")
+        if data_tokenizer is not None:  # refuse a mismatch now, not while decoding the first validation samples
+            check_policy_vocabulary(self.policy, data_tokenizer.vocab_size)
         super().setup(stage)
 
     def _generator(self, stream: int, counter: int) -> torch.Generator:

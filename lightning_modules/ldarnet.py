@@ -214,12 +214,12 @@ class _LDARNetBase(PaperModule):
     def configure_optimizers(self):
         """The injected optimiser over `param_groups`, each group's LR scaled by its multiplier *before* the
         scheduler is built (so the scheduler's base LRs are the scaled ones)."""
-        optimizer = self.optimizer_factory(self.trainable_parameters())
+        optimizer = self.build_optimizer(self.trainable_parameters())
         for group in optimizer.param_groups:
             group["lr"] *= group.get("lr_multiplier", 1.0)
         if self.lr_scheduler_factory is None:
             return optimizer
-        scheduler = self.lr_scheduler_factory(optimizer)
+        scheduler = self.build_lr_scheduler(optimizer)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     @staticmethod

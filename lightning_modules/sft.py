@@ -22,6 +22,7 @@ from lightning_modules.data_contract import TokenizedData
 from lightning_modules.errors import UserInputError, check_range
 from lightning_modules.grpo import ExactMatchReward, RewardFunction, SpecialTokens, decode_completions, group_statistics
 from lightning_modules.rollouts import sample_completions
+from lightning_modules.tiny_gpt import check_policy_vocabulary
 
 
 def sft_loss(policy: nn.Module, input_tokens: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
@@ -77,14 +78,17 @@ class SupervisedWarmup(PaperModule):
         self.reward = reward if reward is not None else ExactMatchReward()
         self._special = None
 
+    def setup(self, stage: str) -> None:
+        data_tokenizer = self.data_value(TokenizedData, "tokenizer")
+        if data_tokenizer is not None:  # refuse a mismatch now, not while decoding the first validation samples
+            check_policy_vocabulary(self.policy, data_tokenizer.vocab_size)
+        super().setup(stage)
+
     @property
     def tokenizer(self):
         data_tokenizer = self.data_value(TokenizedData, "tokenizer")
         if data_tokenizer is not None:
-            vocab = getattr(self.policy, "vocab_size", None)
-            if vocab is not None and data_tokenizer.vocab_size > vocab:
-                raise UserInputError(f"the tokenizer has {data_tokenizer.vocab_size} ids but the policy's vocab_size "
-                                     f"is {vocab}; raise the policy's vocab_size.")
+            check_policy_vocabulary(self.policy, data_tokenizer.vocab_size)
             return data_tokenizer
         if self._special is not None:
             return self._special

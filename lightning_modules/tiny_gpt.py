@@ -143,6 +143,26 @@ class TinyGPT(nn.Module):
         return [(k.index_select(0, index), v.index_select(0, index)) for k, v in cache]
 
 
+def check_policy_vocabulary(policy: nn.Module, tokenizer_vocab_size: int) -> None:
+    """Refuse a policy whose output vocabulary does not fit the data's tokenizer, before anything is sampled.
+
+    Every policy must cover the tokenizer's ids. A `TinyGPT` is trained from scratch on this tokenizer, so it must
+    match it exactly: a larger head samples ids the tokenizer cannot decode (the run would crash later while
+    decoding validation samples). Pretrained transformers models often pad their embedding table beyond the
+    tokenizer's size, so larger is allowed for them.
+    """
+    vocab = getattr(policy, "vocab_size", None)
+    if vocab is None:
+        return
+    if tokenizer_vocab_size > vocab:
+        raise UserInputError(f"the tokenizer has {tokenizer_vocab_size} ids but the policy's vocab_size is {vocab}; "
+                             f"set --model.init_args.policy.init_args.vocab_size={tokenizer_vocab_size}.")
+    if isinstance(policy, TinyGPT) and vocab != tokenizer_vocab_size:
+        raise UserInputError(f"the policy's vocab_size is {vocab} but the data's tokenizer has only "
+                             f"{tokenizer_vocab_size} ids, so the policy would sample ids the tokenizer cannot decode; "
+                             f"set --model.init_args.policy.init_args.vocab_size={tokenizer_vocab_size}.")
+
+
 class HFCausalLM(nn.Module):
     """Any transformers causal LM from a local folder (weights and config; the tokenizer sits in the same folder).
 

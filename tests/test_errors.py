@@ -147,3 +147,82 @@ def test_train_py_prints_one_error_line_and_exits_2(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("error: hidden_dim=0 is out of range")
     assert "Traceback" not in result.stderr
+
+
+# ---------------------------------------------------------------------------- parse errors: one line, close names
+@pytest.mark.parametrize("args, expected", [
+    (["--model", "ImageClasifier"], "--model: 'ImageClasifier' is not a known class (did you mean ImageClassifier"),
+    (["--trainer.max_epochz=3"], "unknown option 'trainer.max_epochz' (did you mean trainer.max_epochs"),
+    (["--model.init_args.optimizer.init_args.lrr=0.1"],
+     "--model.init_args.optimizer.init_args.lrr: Adam does not accept the argument 'lrr' (did you mean lr?)"),
+    (["--trainer.callbacks+=EMAWeight"], "'EMAWeight' is not a known class (did you mean EMAWeights"),
+    (["--data", "ImageClassificationDataModul"], "(did you mean ImageClassificationDataModule"),
+])
+def test_misspelt_names_give_one_line_with_the_closest_valid_ones(capsys, args, expected):
+    err = _parse_error(capsys, "--config", QUICK, *args)
+    assert err.count("\n") == 1 and err.startswith("error: "), err  # no usage dump
+    assert expected in err
+
+
+def test_misspelt_key_in_a_config_file_gives_one_line(capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer:\n  max_epoch: 3\n")
+    err = _parse_error(capsys, "--config", QUICK, "--config", str(bad))
+    assert err.count("\n") == 1 and "unknown option 'trainer.max_epoch' (did you mean trainer.max_epochs" in err
+
+
+def test_help_still_prints_the_full_usage(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli("fit", "--help", run=False)
+    assert exit_info.value.code == 0 and "--trainer.max_epochs" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------ run-time errors: one line
+def test_optimizer_value_refused_by_torch_is_one_error_naming_the_key():
+    model = ImageClassifier(optimizer=lambda params: torch.optim.Adam(params, lr=-0.1))
+    with pytest.raises(UserInputError, match=r"Invalid learning rate: -0.1\. Fix the value under "
+                                             r"model\.init_args\.optimizer\.init_args"):
+        model.configure_optimizers()
+
+
+def test_lightning_refusing_val_check_interval_becomes_one_line(tmp_path, monkeypatch):
+    import train
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as info:
+        run_cli("fit", "--config", QUICK, "--trainer.val_check_interval=500", "--trainer.max_steps=1", *QUIET)
+    line = train.explain_run_error(info.value, [])
+    assert line is not None and "\n" not in line and line.startswith("trainer: `val_check_interval` (500)")
+    assert train.explain_run_error(ValueError("some other bug"), []) is None  # real bugs keep their traceback
+
+
+def test_missing_prerequisite_checkpoint_names_the_config_that_writes_it(tmp_path, monkeypatch):
+    import train
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["fit", "--config", config_path("configs/ldarnet/quick.yaml"),
+            f"--model.init_args.init_from={tmp_path}/missing.ckpt"]
+    with pytest.raises(UserInputError) as info:
+        run_cli(*argv, "--trainer.fast_dev_run=1", *QUIET)
+    line = train.explain_run_error(info.value, argv)
+    assert "does not exist" in line
+    assert "run 'python train.py fit --config configs/ldarnet/pretrain_quick.yaml' first" in line
+
+
+def test_policy_vocabulary_must_fit_the_tokenizer():
+    from lightning_modules.tiny_gpt import TinyGPT, check_policy_vocabulary
+
+    check_policy_vocabulary(TinyGPT(vocab_size=15), 15)
+    with pytest.raises(UserInputError, match="cannot decode; set --model.init_args.policy.init_args.vocab_size=15"):
+        check_policy_vocabulary(TinyGPT(vocab_size=20), 15)
+    with pytest.raises(UserInputError, match="the tokenizer has 15 ids but the policy's vocab_size is 12"):
+        check_policy_vocabulary(TinyGPT(vocab_size=12), 15)
+
+
+def test_policy_with_a_larger_vocabulary_than_its_data_fails_at_setup(tmp_path, monkeypatch):
+    """A policy that can sample ids the tokenizer cannot decode is refused when the fit starts (it used to end in
+    an IndexError while decoding the first validation samples)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserInputError, match="vocab_size=15"):
+        run_cli("fit", "--config", config_path("configs/grpo/sft_quick.yaml"),
+                "--model.init_args.policy.init_args.vocab_size=20", "--trainer.fast_dev_run=1", *QUIET)
