@@ -1,4 +1,4 @@
-"""Reproduce RNA-FM's claims at small scale: ``python -m experiments.rna_fm`` (~17 min on 2 cores).
+"""Reproduce RNA-FM's claims at small scale: ``python -m experiments.rna_fm`` (~45 min of one free core: four learning rates per arm).
 
 Paper: "RNA-FM: Flow-Matching Generative Model for Genome-wide RNA-Seq Prediction" (arXiv 2605.11622). Claims
 checked: (1) the flow-matching model predicts expression about as well as MSE regressors (which are optimal
