@@ -1,4 +1,4 @@
-"""Reproduce RNA-FM's claims at small scale: ``python -m experiments.rna_fm`` (~45 min of one free core: four learning rates per arm).
+"""Reproduce RNA-FM's claims at small scale: ``python -m experiments.rna_fm`` (~45 min of one free core).
 
 Paper: "RNA-FM: Flow-Matching Generative Model for Genome-wide RNA-Seq Prediction" (arXiv 2605.11622). Claims
 checked: (1) the flow-matching model predicts expression about as well as MSE regressors (which are optimal
@@ -19,8 +19,8 @@ on (`callbacks.ema.EMAWeights`, decay 0.999 with warm-up, as in quick.yaml; vali
 weights), a fixed number of epochs with validation every ``--val-every`` epochs, and the weights of the best
 validation Pearson kept (`experiments.kit.KeepBest`). The candidate with the best validation Pearson is the arm's
 model; only it is tested, once. Selection reads the validation split only, never the test split. The chosen
-learning rate and every candidate's validation r are recorded per seed. The top-k gene lists come from validation. Test metrics (`lightning_modules.expression_eval
-.expression_metrics`): per-gene Pearson r of the point prediction (RNA-FM: mean of 19 samples) and of one sample,
+learning rate and every candidate's validation r are recorded per seed. The top-k gene lists come from validation.
+Test metrics (`lightning_modules.expression_eval.expression_metrics`): per-gene Pearson r of the point prediction (RNA-FM: mean of 19 samples) and of one sample,
 top-20/100 r on validation-chosen genes, RMSE (log units), BH-FDR significant genes, 90% rank-interval coverage
 from 19 samples, energy distance of the pooled samples to the test targets per gene, and the sample CRPS,
 all-gene and bimodal-gene. Regressors' samples are Gaussian around their prediction with a per-gene residual std
