@@ -21,10 +21,11 @@ validation Pearson kept (`experiments.kit.KeepBest`). The candidate with the bes
 model; only it is tested, once. Selection reads the validation split only, never the test split. The chosen
 learning rate and every candidate's validation r are recorded per seed. The top-k gene lists come from validation.
 Test metrics (`lightning_modules.expression_eval.expression_metrics`): per-gene Pearson r of the point prediction
-(RNA-FM: mean of 19 samples) and of one sample, top-20/100 r on validation-chosen genes, RMSE (log units), BH-FDR significant genes, 90% rank-interval coverage
-from 19 samples, energy distance of the pooled samples to the test targets per gene, and the sample CRPS,
-all-gene and bimodal-gene. Regressors' samples are Gaussian around their prediction with a per-gene residual std
-from validation (without it a point regressor has zero-width intervals and coverage 0).
+(RNA-FM: mean of 19 samples) and of one sample, top-20/100 r on validation-chosen genes, RMSE (log units), BH-FDR
+significant genes, 90% rank-interval coverage from 19 samples, energy distance of the pooled samples to the test
+targets per gene, and the sample CRPS, all-gene and bimodal-gene. Regressors' samples are Gaussian around their
+prediction with a per-gene residual std from validation (without it a point regressor has zero-width intervals and
+coverage 0).
 
 Training: 40 epochs of 12 steps (batch 32), validation every 8 epochs, grad-clip 1 for every arm; RNA-FM AdamW
 (wd 0.01, betas 0.9/0.99; quick.yaml's), regressors Adam (their configs'); learning rate and EMA as above.
