@@ -56,13 +56,18 @@ def import_collection() -> list[str]:
 COLLECTION_MODULES = import_collection()
 
 
+WANDB_RUN_CONFIG_FILENAME = "run_config.yaml"  # W&B keeps config.yaml in its run folder for itself
+
+
 class RunConfigSaver(SaveConfigCallback):
     """Write the resolved config into the run's *own* directory and, with W&B, into the W&B run.
 
     Lightning's default writes ``config.yaml`` into ``trainer.log_dir``, which for WandbLogger is the
     logger's shared ``save_dir``: the second run (e.g. of a sweep) then crashes. Here the file goes to
     the version directory of CSV/TensorBoard loggers, or to the W&B run's files directory, and the
-    config is also stored as the W&B run config (so sweeps and the W&B UI show every value).
+    config is also stored as the W&B run config (so sweeps and the W&B UI show every value). The file is named
+    ``run_config.yaml`` in a W&B run folder, where W&B reserves ``config.yaml`` for its own record of the run
+    config (Lightning's ``config.yaml`` elsewhere).
     """
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -71,9 +76,11 @@ class RunConfigSaver(SaveConfigCallback):
         log_dir = trainer.log_dir  # broadcasts: must be called on every rank
         if trainer.is_global_zero:
             logger = trainer.logger
-            run_dir = logger.experiment.dir if isinstance(logger, WandbLogger) else log_dir
+            wandb = isinstance(logger, WandbLogger)
+            run_dir = logger.experiment.dir if wandb else log_dir
             os.makedirs(run_dir, exist_ok=True)
-            self.parser.save(self.config, os.path.join(run_dir, self.config_filename), overwrite=True,
+            filename = WANDB_RUN_CONFIG_FILENAME if wandb else self.config_filename
+            self.parser.save(self.config, os.path.join(run_dir, filename), overwrite=True,
                              multifile=False)
             if isinstance(logger, WandbLogger):  # one W&B config entry per dotted key, as sweeps name them
                 config = json.loads(self.parser.dump(self.config, format="json"))

@@ -39,8 +39,9 @@ def test_config_is_saved_into_each_wandb_run_and_a_second_run_does_not_crash(tmp
         wandb.finish()
     assert run_dirs[0] != run_dirs[1]
     for run_dir in run_dirs:
-        saved = open(os.path.join(run_dir, "config.yaml")).read()
-        assert "ImageClassifier" in saved and "seed_everything: 42" in saved
+        # not config.yaml: W&B writes its own record of the run config under that name in the same folder
+        saved = open(os.path.join(run_dir, "run_config.yaml")).read()
+        assert "class_path: lightning_modules.classifier.ImageClassifier" in saved and "seed_everything: 42" in saved
 
 
 def test_csv_runs_get_their_own_config(tmp_path):

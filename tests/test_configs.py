@@ -177,6 +177,9 @@ def test_sweep_file_is_valid_and_every_sampled_command_parses(sweep_file):
         assert args[0] == "fit"
         args = [config_path(a) if a.endswith(".yaml") else a for a in args]
         cli = run_cli(*args, cli_class=ParseOnlyCLI)
+        logger = cli.config["fit"]["trainer"]["logger"]  # an agent receives the metric only through W&B
+        assert logger is not None and not isinstance(logger, bool) and logger["class_path"].endswith("WandbLogger"), \
+            f"{sweep_file}: the sweep's runs do not log to W&B; add configs/logger/wandb.yaml to its command"
         for name, entry in suggestion.config.items():  # each sampled value took effect in the parsed config
             spec, value = sweep["parameters"][name], _value_at(cli.config["fit"], name)
             assert _same(value, entry["value"]), (name, value, entry["value"], shlex.join(args))
