@@ -14,14 +14,8 @@ import torch
 
 from lightning_modules.answers import answer_key, is_correct
 from lightning_modules.errors import UserInputError
+from lightning_modules.grpo import pass_at_k  # the one unbiased estimator of the collection (Chen et al. 2021)
 from lightning_modules.multi_answer_protocol import Style, parse_completion
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k (Chen et al. 2021), product form: 1 - prod_{i=n-c+1}^{n} (1 - k/i)."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
 def set_brier(confidences: torch.Tensor, correct: torch.Tensor) -> float:
@@ -72,7 +66,7 @@ def set_rows(candidates: Sequence[Sequence[str]], golds: Sequence[Sequence[str]]
             if ranked:
                 out[f"pass@{i}"].append(float(any(correct[:i])))
             else:
-                out[f"pass@{i}"].append(pass_at_k(num_candidates, sum(correct), i))
+                out[f"pass@{i}"].append(float(pass_at_k(num_candidates, sum(correct), i)))
     return out
 
 
