@@ -1,4 +1,4 @@
-"""Multi-answer RL at toy scale on held-out prompts: ``python -m experiments.multi_answer_rl`` (~8 min, 2 cores).
+"""Multi-answer RL at toy scale on held-out prompts: ``python -m experiments.multi_answer_rl`` (minutes on 2 cores).
 
 Paper: "Reaching Beyond the Mode: RL for Distributional Reasoning in Language Models" (arXiv 2603.24844).
 Claim: training ONE generation to hold K distinct candidates (Multi-RLVR) covers more of the valid answers than
