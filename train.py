@@ -20,17 +20,20 @@ import os
 import pkgutil
 import re
 import sys
+import warnings
 
 os.environ.setdefault("WANDB_MODE", "offline")  # online W&B without an API key fails; opt in explicitly
 
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
+from lightning.pytorch.callbacks import ProgressBar  # noqa: E402
 from lightning.pytorch.loggers import WandbLogger  # noqa: E402
 from lightning.pytorch.utilities import rank_zero_only  # noqa: E402
 
 import callbacks  # noqa: E402
 import datamodules  # noqa: E402
 import lightning_modules  # noqa: E402
+from callbacks.progress import default_progress_bar  # noqa: E402
 from lightning_modules.base import read_checkpoint  # noqa: E402
 from lightning_modules.errors import UserInputError, one_line  # noqa: E402
 
@@ -299,8 +302,33 @@ def explain_run_error(err: BaseException, argv: list[str]) -> str | None:
     return None
 
 
+class _DropLitLoggerTip(logging.Filter):
+    """Lightning advertises a cloud logger on every run; the collection's runs stay quiet by default."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip")
+
+
+for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+    logging.getLogger(_name).addFilter(_DropLitLoggerTip())
+# Lightning 2.6's pytree helper calls an API that torch >= 2.10 deprecates, once per fit; nothing a user can act on.
+warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+
+
 class CollectionCLI(LightningCLI):
     """LightningCLI with the data-derived links and checkpoint validation of this collection."""
+
+    def instantiate_trainer(self, **kwargs) -> Trainer:
+        """The Trainer, with the collection's progress bar (`callbacks.progress`) unless the config disables the
+        bar or brings its own."""
+        config = self._get(self.config_init, "trainer", default={})
+        configured = config.get("callbacks") or []
+        configured = configured if isinstance(configured, list) else [configured]
+        if config.get("enable_progress_bar") is not False and not config.get("fast_dev_run") \
+                and not any(isinstance(callback, ProgressBar) for callback in configured) \
+                and "callbacks" not in self.trainer_defaults:
+            self.trainer_defaults = {**self.trainer_defaults, "callbacks": [default_progress_bar()]}
+        return super().instantiate_trainer(**kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.set_defaults({"seed_everything": 42})

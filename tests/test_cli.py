@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from lightning.pytorch.callbacks import ProgressBar
 
 from conftest import REPO, ParseOnlyCLI, config_path, run_cli
 from lightning_modules.errors import UserInputError
@@ -124,3 +125,21 @@ def test_same_model_resume_continues_and_names_the_configured_values_it_ignores(
     assert "model.init_args.optimizer.init_args.lr=0.5 (checkpoint: 0.001)" in warnings[0]
     assert warnings[0].count("(checkpoint:") == 2  # nothing else: an unchanged config resumes without warnings
     assert "data." not in warnings[0] and "init_from" in warnings[0]  # data values are not replaced on resume
+
+
+def test_step_based_runs_show_their_step_budget_and_no_version_column(tmp_path, monkeypatch, caplog):
+    """Lightning's bar shows ``Epoch 0/-2`` and ``v_num: 0.000`` for step-based runs and every run prints a tip."""
+    from callbacks.progress import RunProgressBar
+
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level(logging.INFO):
+        cli = run_cli("fit", "--config", config_path("configs/tamed_sgd/quick.yaml"), "--trainer.max_steps=3")
+    bars = [c for c in cli.trainer.callbacks if isinstance(c, ProgressBar)]
+    assert len(bars) == 1 and isinstance(bars[0], RunProgressBar)
+    assert cli.trainer.max_epochs == -1 and bars[0]._get_train_description(0).strip() == "Epoch 0 (max_steps 3)"
+    assert cli.trainer.logger is not None and "v_num" not in bars[0].get_metrics(cli.trainer, cli.model)
+    assert not [r for r in caplog.records if str(r.msg).startswith("💡")], "Lightning's advertising tip is shown"
+    # a config that disables the bar, or brings its own, keeps that choice
+    quiet = run_cli("fit", "--config", config_path("configs/tamed_sgd/quick.yaml"), "--trainer.max_steps=1",
+                    "--trainer.enable_progress_bar=false")
+    assert not [c for c in quiet.trainer.callbacks if isinstance(c, ProgressBar)]
