@@ -1,4 +1,4 @@
-"""Reproduce the NT-SSM claim at small scale: ``python -m experiments.nt_ssm`` (~7 min on 2 cores).
+"""Reproduce the NT-SSM claim at small scale: ``python -m experiments.nt_ssm`` (~35 min a seed on 2 busy cores).
 
 Paper: "Rethinking Contrastive Learning for Graph Collaborative Filtering: Limitations and a Simple Remedy"
 (NT-SSM, arXiv 2605.24015). Claim: the neighbour-type-aware sampled softmax (NT-SSM) beats the sampled
@@ -49,6 +49,7 @@ epoch}, "runs": [every run]}], "title", "backbone", "speed"}``) and ``<out>/nt_s
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -248,8 +249,6 @@ def stored_speed(path: Path) -> dict | None:
     """``--skip-speed``: the speed block of an earlier ``<out>/<name>.json`` (timings want quiet cores, so a
     re-run on a busy machine keeps the stored figures instead of re-measuring), marked as carried over; None
     when there is none."""
-    import json
-
     if not path.is_file():
         return None
     previous = json.loads(path.read_text()).get("speed")
@@ -325,8 +324,14 @@ def main(argv: list[str] | None = None) -> dict:
     grids = SMOKE_GRIDS if args.smoke else {}
     run_kwargs = dict(max_epochs=1, patience=1) if args.smoke else {}
     bar = progress(None, desc=f"{name} runs", total=args.seeds * runs_per_seed(**grids))
-    per_seed = [run_seed(seed, bar, args.backbone, overrides, **grids, **run_kwargs) for seed in range(args.seeds)]
+    partial = Path(args.out) / f"{name}.partial.json"  # every finished seed, in case a long run is stopped
+    per_seed = []
+    for seed in range(args.seeds):
+        per_seed.append(run_seed(seed, bar, args.backbone, overrides, **grids, **run_kwargs))
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps({"seeds_done": len(per_seed), "per_seed": per_seed}))
     bar.close()
+    partial.unlink(missing_ok=True)
     arms = summarise([s["arms"] for s in per_seed])
     speed_result = stored_speed(Path(args.out) / f"{name}.json") if args.skip_speed else speed(**speed_sizes)
     wall = time.perf_counter() - start
