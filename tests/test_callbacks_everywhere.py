@@ -25,6 +25,9 @@ PAPER_SPECIFIC = {
     "RSIRSelfImprovement": "one round of RSIR's data loop for sequential recommenders (reloads the best "
                            "checkpoint and generates sequences at the end of fit); configs/rsir/*quick.yaml and "
                            "tests/test_rsir.py run it",
+    # not tricks: the progress bar train.py attaches to every run with a bar (tests/test_cli.py checks it)
+    "RunProgressBar": "the default progress bar of train.py (Rich)",
+    "RunTQDMProgressBar": "the default progress bar of train.py where Rich is not installed",
 }
 
 
