@@ -134,12 +134,13 @@ def test_mia_efficacy_calls_confident_inputs_members():
 
 @pytest.mark.slow
 def test_experiment_claim_at_reduced_size(tmp_path):
-    """TREW (val-selected) is closer to retraining than FT, NegGrad+ and RL, at the retrained retain accuracy."""
+    """TREW (val-selected) is closer to retraining than tuned FT and RL and than hand-set NegGrad+, at the retrained
+    retain accuracy (tuned NegGrad+ ties with it: docs/trew.md)."""
     from experiments.trew import main
 
     arms = main(["--seeds", "2", "--out", str(tmp_path)])["arms"]
     trew = arms["TREW confusion similarity, val-selected"]
-    for baseline in ("FT", "NegGrad+", "RL"):
+    for baseline in ("FT val-selected", "RL val-selected", "NegGrad+ hand-set"):
         assert trew["tv_to_retrain"]["mean"] < arms[baseline]["tv_to_retrain"]["mean"], baseline
     assert abs(trew["retain_acc"]["mean"] - arms["retrain (2nd seed, floor)"]["retain_acc"]["mean"]) < 2.0
     assert (tmp_path / "trew.json").is_file() and (tmp_path / "trew.png").is_file()
