@@ -194,9 +194,12 @@ def _accepted_arguments(class_path: str) -> list[str]:
     cls = _class_of(class_path)
     names: list[str] = []
     for klass in (cls.__mro__ if isinstance(cls, type) else ()):
-        if "__init__" in vars(klass):
-            names += [name for name, p in inspect.signature(klass.__init__).parameters.items()
-                      if name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+        try:
+            parameters = inspect.signature(klass.__init__).parameters if "__init__" in vars(klass) else {}
+        except (TypeError, ValueError):  # a builtin without a readable signature
+            parameters = {}
+        names += [name for name, p in parameters.items()
+                  if name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
     return list(dict.fromkeys(names))
 
 
@@ -281,7 +284,8 @@ def _prerequisites(argv: list[str]) -> list[str]:
     found = []
     for config in configs:
         try:
-            lines = open(config, encoding="utf-8").read().splitlines()
+            with open(config, encoding="utf-8") as handle:
+                lines = handle.read().splitlines()
         except OSError:
             continue
         found += [m.group(1) for m in (re.match(r"#\s*prerequisite:\s*(\S+)\s*$", line) for line in lines) if m]
