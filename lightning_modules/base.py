@@ -180,25 +180,12 @@ class PaperModule(LightningModule):
     def build_optimizer(self, parameters) -> torch.optim.Optimizer:
         """The injected optimiser over ``parameters``; a value torch refuses (a negative learning rate, betas
         outside [0, 1), an unknown argument) becomes one error line naming the config key, not a traceback."""
-        try:
-            return self.optimizer_factory(parameters)
-        except UserInputError:
-            raise
-        except (ValueError, TypeError) as err:
-            raise UserInputError(f"the optimizer could not be built from the config: {type(err).__name__}: "
-                                 f"{one_line(err)}. Fix the value under model.init_args.optimizer.init_args "
-                                 "(e.g. --model.init_args.optimizer.init_args.lr=0.001).") from None
+        return _build_from_config(self.optimizer_factory, parameters, "optimizer",
+                                  " (e.g. --model.init_args.optimizer.init_args.lr=0.001)")
 
     def build_lr_scheduler(self, optimizer: torch.optim.Optimizer):
         """The injected learning-rate schedule, with the same one-line error as `build_optimizer`."""
-        try:
-            return self.lr_scheduler_factory(optimizer)
-        except UserInputError:
-            raise
-        except (ValueError, TypeError) as err:
-            raise UserInputError(f"the lr_scheduler could not be built from the config: {type(err).__name__}: "
-                                 f"{one_line(err)}. Fix the value under model.init_args.lr_scheduler.init_args.") \
-                from None
+        return _build_from_config(self.lr_scheduler_factory, optimizer, "lr_scheduler")
 
     def configure_optimizers(self):
         optimizer = self.build_optimizer(self.trainable_parameters())
@@ -220,6 +207,18 @@ class PaperModule(LightningModule):
         test leave the caller's random streams alone."""
         if RNG_STATES_KEY in checkpoint and self._trainer is not None and self.trainer.state.fn == "fit":
             restore_rng_states(checkpoint[RNG_STATES_KEY])
+
+
+def _build_from_config(factory, argument, key: str, example: str = ""):
+    """``factory(argument)``; a ValueError/TypeError from the library becomes one `UserInputError` naming
+    ``model.init_args.<key>.init_args`` (the collection's own validation errors pass unchanged)."""
+    try:
+        return factory(argument)
+    except UserInputError:
+        raise
+    except (ValueError, TypeError) as err:
+        raise UserInputError(f"the {key} could not be built from the config: {type(err).__name__}: {one_line(err)}. "
+                             f"Fix the value under model.init_args.{key}.init_args{example}.") from None
 
 
 RNG_STATES_KEY = "rng_states"

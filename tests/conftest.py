@@ -20,7 +20,7 @@ os.environ["WANDB_MODE"] = "disabled"  # tests never create W&B runs
 torch.set_num_threads(1)  # 2-core machines: parallel multi-threaded torch processes slow each other down
 
 import train  # noqa: E402  (after the path and environment set-up above)
-from lightning.pytorch import Callback  # noqa: E402
+from lightning.pytorch import Callback, LightningModule  # noqa: E402
 
 QUICK_CONFIGS = sorted(str(p.relative_to(REPO)) for p in REPO.glob("configs/*/*quick.yaml"))
 PAPER_CONFIGS = sorted(str(p.relative_to(REPO)) for p in REPO.glob("configs/*/*paper.yaml"))
@@ -141,3 +141,25 @@ class GradientProbe(Callback):
         if self.bad is None:
             self.bad = [name for name, p in pl_module.named_parameters() if p.requires_grad and
                         (p.grad is None or not torch.isfinite(p.grad).all())]
+
+
+class ScriptedScores(LightningModule):
+    """Logs a fixed validation score per epoch under ``monitor`` and snapshots its weights at every validation end
+    (the keep-best / epoch read-off tests)."""
+
+    def __init__(self, scores: list[float], monitor: str) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+        self.scores, self.monitor, self.snapshots = scores, monitor, []
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch[0]).pow(2).mean()
+
+    def validation_step(self, batch, batch_idx):
+        self.log(self.monitor, self.scores[self.current_epoch])
+
+    def on_validation_epoch_end(self):
+        self.snapshots.append({k: v.detach().clone() for k, v in self.state_dict().items()})
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.5)

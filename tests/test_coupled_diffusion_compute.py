@@ -7,17 +7,7 @@ import torch
 from datamodules.corrupted_images import CorruptedImageDataModule
 from experiments import coupled_diffusion as exp
 from experiments import kit
-from lightning_modules.coupled_diffusion import CoupledDiffusion
-
-TINY = dict(num_train_timesteps=20, sampling_steps=5, condition_sampling_steps=5, signal_hidden_dim=16,
-            signal_depth=1, logit_hidden_dim=16, logit_depth=1, feature_dim=4, feature_hidden_dim=8, time_dim=8,
-            classifier_hidden_dim=16, coupling_iterations=3, nested_block_size=5, nested_refresh_every=2,
-            nested_refresh_from=4, alternating_iterations=2)
-
-
-def tiny_model(**overrides) -> CoupledDiffusion:
-    torch.manual_seed(0)
-    return CoupledDiffusion(**{**TINY, **overrides})
+from test_coupled_diffusion import tiny_model  # one tiny configuration for both files
 
 
 def test_training_calls_per_step_hand_counted():

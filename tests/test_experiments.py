@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from lightning.pytorch import LightningModule
 from torch.utils.data import DataLoader, TensorDataset
 
+from conftest import ScriptedScores
 from experiments import kit
 
 EXPERIMENTS = Path(kit.__file__).resolve().parent
@@ -116,32 +116,11 @@ def test_experiment_parser_flags():
     assert (args.seeds, args.smoke, args.out) == (1, True, "x")
 
 
-class _Scripted(LightningModule):
-    """Logs a fixed validation score per epoch and snapshots its weights at every validation end."""
-
-    def __init__(self, scores: list[float]) -> None:
-        super().__init__()
-        self.layer = torch.nn.Linear(2, 1)
-        self.scores, self.snapshots = scores, []
-
-    def training_step(self, batch, batch_idx):
-        return self.layer(batch[0]).pow(2).mean()
-
-    def validation_step(self, batch, batch_idx):
-        self.log("val/score", self.scores[self.current_epoch])
-
-    def on_validation_epoch_end(self):
-        self.snapshots.append({k: v.detach().clone() for k, v in self.state_dict().items()})
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.5)
-
-
 @pytest.mark.parametrize("mode, best_epoch", [("max", 2), ("min", 1)])
 def test_keep_best_restores_the_best_weights(mode, best_epoch):
     torch.manual_seed(0)
     scores = [0.3, 0.1, 0.9, 0.5, 0.9]  # the later tie at 0.9 must not replace epoch 2
-    module = _Scripted(scores)
+    module = ScriptedScores(scores, "val/score")
     keep = kit.KeepBest("val/score", mode=mode)
     loader = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4)
     kit.quiet_trainer([keep], max_epochs=len(scores)).fit(module, loader, loader)
@@ -157,7 +136,7 @@ def test_keep_best_restores_the_best_weights(mode, best_epoch):
 
 def test_keep_best_without_validation_refuses_to_restore():
     with pytest.raises(RuntimeError, match="nothing to restore"):
-        kit.KeepBest("val/score").restore(_Scripted([0.0]))
+        kit.KeepBest("val/score").restore(ScriptedScores([0.0], "val/score"))
 
 
 def test_quiet_trainer_defaults_and_overrides():

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from lightning.pytorch import LightningModule
 from torch.utils.data import DataLoader, TensorDataset
 
+from conftest import ScriptedScores
 from experiments import kit
 from experiments.trew import (HAND_SET, MODEL_SEEDS, EpochReadOff, Evaluator, Run, grid_points, parse_args,
                               select)
@@ -53,31 +53,10 @@ def test_selection_reads_the_selection_model_and_the_test_metric_the_reference()
             Evaluator(data, *same, forget_class=8, seed=0)
 
 
-class _Scripted(LightningModule):
-    """Logs a fixed validation score per epoch and snapshots its weights at every validation end."""
-
-    def __init__(self, scores: list[float]) -> None:
-        super().__init__()
-        self.layer = torch.nn.Linear(2, 1)
-        self.scores, self.snapshots = scores, []
-
-    def training_step(self, batch, batch_idx):
-        return self.layer(batch[0]).pow(2).mean()
-
-    def validation_step(self, batch, batch_idx):
-        self.log("val/tv_to_reference", self.scores[self.current_epoch])
-
-    def on_validation_epoch_end(self):
-        self.snapshots.append({k: v.detach().clone() for k, v in self.state_dict().items()})
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.5)
-
-
 def test_epoch_readoff_keeps_the_lowest_epoch_and_a_fixed_length_snapshot():
     torch.manual_seed(0)
     scores = [0.5, 0.2, 0.4, 0.2]   # best at epoch 2 (1-based); the later tie must not replace it
-    module = _Scripted(scores)
+    module = ScriptedScores(scores, "val/tv_to_reference")
     readoff = EpochReadOff(snapshot_epoch=3)
     loader = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4)
     kit.quiet_trainer([readoff], max_epochs=len(scores)).fit(module, loader, loader)
