@@ -14,7 +14,7 @@ background genes, 25% of genes shifted by a hidden subtype the image shows only 
 a 60/20/20 train/val/test split per data seed (model seed = data seed).
 
 Tuning, the same for every trained arm (`candidate_grid`): the learning rate from ``LR_GRID`` (3e-4, 1e-3, 3e-3,
-1e-2; each arm keeps its config's optimiser, AdamW for RNA-FM, Adam for the regressors), EMA of the weights always
+1e-2, 3e-2; each arm keeps its config's optimiser, AdamW for RNA-FM, Adam for the regressors), EMA of the weights always
 on (`callbacks.ema.EMAWeights`, decay 0.999 with warm-up, as in quick.yaml; validation and test read the averaged
 weights), a fixed number of epochs with validation every ``--val-every`` epochs, and the weights of the best
 validation Pearson kept (`experiments.kit.KeepBest`). The candidate with the best validation Pearson is the arm's
@@ -55,7 +55,7 @@ TRAINED_ARMS = tuple(arm for arm in ARMS if arm != "RNA-FM, CFG 1")  # CFG 1 re-
 METRICS = ("pearson", "pearson_1sample", "top20", "top100", "rmse", "n_significant", "coverage", "coverage_bimodal",
            "energy", "energy_bimodal", "crps", "crps_bimodal", "val_pearson", "train_s")
 MONITOR = "val/pearson"
-LR_GRID = (3e-4, 1e-3, 3e-3, 1e-2)  # every trained arm searches the same learning rates
+LR_GRID = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)  # every trained arm searches the same learning rates
 EMA = dict(decay=0.999, warmup=True)  # RNA-FM's EMA (quick.yaml), on for every arm
 # the synthetic generator's default scale (the quick configs use a smaller one)
 DATA = dict(num_slides=600, num_pathway_genes=400, num_pathways=20, num_background_genes=40, num_clusters=32,

@@ -73,7 +73,7 @@ class _FakeTrainer:
 
 
 def test_selection_reads_validation_only_and_tests_the_chosen_candidate_once(monkeypatch):
-    val = {3e-4: 0.5, 1e-3: 0.7, 3e-3: 0.7, 1e-2: 0.6}  # a tie: the first (smaller lr) wins
+    val = {3e-4: 0.5, 1e-3: 0.7, 3e-3: 0.7, 1e-2: 0.6, 3e-2: 0.4}  # a tie: the first (smaller lr) wins
     calls, models = [], {}
 
     def fake_fit(arm, seed, lr, ema, **sizes):
@@ -89,5 +89,5 @@ def test_selection_reads_validation_only_and_tests_the_chosen_candidate_once(mon
         result, model, _ = rna_fm.train_arm(arm, 0)
         assert calls == [(arm, lr, True) for lr in rna_fm.LR_GRID]
         assert model is models[1e-3] and result["lr"] == 1e-3 and result["val_pearson"] == 0.7
-        assert [m.tested for m in models.values()] == [0, 1, 0, 0]
-        assert result["train_s"] == 4.0 and [r["lr"] for r in result["grid"]] == list(rna_fm.LR_GRID)
+        assert [m.tested for m in models.values()] == [0, 1, 0, 0, 0]
+        assert result["train_s"] == 5.0 and [r["lr"] for r in result["grid"]] == list(rna_fm.LR_GRID)
