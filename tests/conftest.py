@@ -5,6 +5,7 @@ write into the repository; configs are passed by absolute path.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -163,3 +165,23 @@ class ScriptedScores(LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.5)
+
+
+@functools.cache
+def checkpoint_writers() -> dict[str, str]:
+    """``{checkpoint path: quick config}`` for the ``last.ckpt`` each quick config's ModelCheckpoint writes (read
+    from the file; a config that interpolates its paths is parsed by the CLI instead)."""
+    writers = {}
+    for config in QUICK_CONFIGS:
+        text = (REPO / config).read_text()
+        if "${" in text:
+            parsed = run_cli("fit", "--config", config_path(config), cli_class=ParseOnlyCLI).config["fit"]
+            callbacks = [c.as_dict() for c in parsed["trainer"]["callbacks"] or []]
+        else:
+            callbacks = ((yaml.safe_load(text) or {}).get("trainer") or {}).get("callbacks") or []
+        for callback in callbacks:
+            args = callback.get("init_args") or {}
+            if callback.get("class_path", "").endswith("ModelCheckpoint") and args.get("save_last") and \
+                    args.get("dirpath"):
+                writers[f"{args['dirpath']}/last.ckpt"] = config
+    return writers
