@@ -411,6 +411,14 @@ class SlideExpressionDataModule(LightningDataModule):
     def bimodal_genes(self) -> np.ndarray | None:
         return self.data.bimodal_genes
 
+    @property
+    def gene_names(self) -> list[str]:
+        return self.data.gene_names
+
+    @property
+    def slide_ids(self) -> list[str]:
+        return self.data.slide_ids
+
     def split_arrays(self, split: str) -> tuple[np.ndarray, np.ndarray]:
         """(features [n, C, D], log-expression [n, G]) of a split, e.g. for sklearn-style baselines."""
         idx = self.splits_of(split)

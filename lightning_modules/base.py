@@ -194,6 +194,15 @@ class PaperModule(LightningModule):
         scheduler = self.build_lr_scheduler(optimizer)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
+    # ----------------------------------------------------------------------------- prediction files
+    def prediction_fields(self, outputs: Any, batch: Any) -> dict[str, Any]:
+        """``predict_step``'s ``outputs`` for ``batch`` as named per-example fields (tensors with one row per
+        example, or lists with one entry per example), which `callbacks.prediction_writer.PredictionWriter` saves.
+        Names it gives a readable form: ``*probs`` (class probabilities), ``top_items``, images ([N, 1 or 3, H, W]
+        in [0, 1]) -> PNG, ``expression`` -> genes x examples CSV, text (``prompt``, ``completion``) -> JSONL.
+        The default keeps a dict's keys and names a single tensor ``prediction``."""
+        return dict(outputs) if isinstance(outputs, dict) else {"prediction": outputs}
+
     # ----------------------------------------------------------------------------- resuming
     # Subclasses that override these hooks call super() so that every module's checkpoint carries the RNG states.
     def on_save_checkpoint(self, checkpoint: dict) -> None:

@@ -143,3 +143,7 @@ class ImageClassifier(PaperModule):
         images = batch[0] if isinstance(batch, (list, tuple)) else batch
         return self(images).softmax(-1)
 
+    def prediction_fields(self, outputs, batch) -> dict:
+        """Class probabilities, written as one CSV row per image with the predicted class."""
+        return {"probs": outputs}
+

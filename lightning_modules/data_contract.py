@@ -126,3 +126,5 @@ class SlideExpressionData(Protocol):
     gene_mean: Any       # [G] training-split mean of log-expression (None before the split)
     gene_std: Any        # [G] training-split std
     bimodal_genes: Any   # bool [G] or None: genes with a bimodal generator (synthetic data only)
+    gene_names: list[str]    # [G] (rows of the written expression predictions)
+    slide_ids: list[str]     # one per slide, indexed by a batch's "index"

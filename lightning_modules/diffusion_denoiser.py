@@ -18,6 +18,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 
 from lightning_modules.base import PaperModule
+from lightning_modules.denoisers import from_model_range
 from lightning_modules.errors import UserInputError, check_range
 from lightning_modules.guided_sampling import guided_ddim_sample, predict_eps
 
@@ -137,3 +138,7 @@ class DiffusionDenoiser(PaperModule):
         """DDIM samples shaped like the batch, seeded by the batch index (deterministic)."""
         x0 = batch[0]
         return self.sample(len(x0), tuple(x0.shape[1:]), generator=torch.Generator().manual_seed(batch_idx))
+
+    def prediction_fields(self, outputs, batch) -> dict:
+        """The samples: images in [0, 1] (written as a PNG grid), points as they are (one CSV row each)."""
+        return {"samples": from_model_range(outputs) if outputs.dim() == 4 else outputs}

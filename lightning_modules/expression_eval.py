@@ -271,6 +271,13 @@ class SlideExpressionModule(PaperModule):
         point, _ = self.distribution(self._check_batch(batch), self.hparams.eval_samples, self._generator(batch_idx))
         return self.to_log_space(point)
 
+    def prediction_fields(self, outputs: Tensor, batch: dict) -> dict:
+        """The predicted expression of each slide, named by its slide id (written as a genes x slides CSV)."""
+        slide_ids = self.data_value(SlideExpressionData, "slide_ids")
+        index = batch["index"].tolist()
+        return {"id": [slide_ids[i] for i in index] if slide_ids is not None else [str(i) for i in index],
+                "expression": outputs}
+
     def _gathered(self, stage: str) -> tuple[Tensor, Tensor, Tensor]:
         outputs = self._outputs.pop(stage, [])
         point, samples, target = (torch.cat([o[i] for o in outputs]) for i in range(3))

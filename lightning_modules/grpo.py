@@ -232,6 +232,17 @@ def decode_completions(tokens: torch.Tensor, mask: torch.Tensor, tokenizer) -> l
     return rows
 
 
+def completion_fields(completions: torch.Tensor, batch: dict, tokenizer) -> dict:
+    """The fields a prediction file holds for generated completions [M, T] of a prompt batch."""
+    fields = {"prompt_id": batch["prompt_ids"],
+              "prompt": decode_completions(batch["prompt_tokens"], batch["prompt_mask"], tokenizer),
+              "completion": decode_completions(completions, completions != tokenizer.pad_id, tokenizer)}
+    if "answers" in batch:
+        fields["answers"] = [list(a) for a in batch["answers"]]
+    fields["completion_tokens"] = completions
+    return fields
+
+
 class SpecialTokens:
     """pad/eos ids restored from a checkpoint: enough to generate (not to decode) without a datamodule."""
 
@@ -624,6 +635,10 @@ class GRPO(PaperModule):
         tokens, _, _ = self.generate(batch, ones, 0.0, self._generator(3, batch_idx))
         return nn.functional.pad(tokens, (0, self.hparams.max_new_tokens - tokens.shape[1]),
                                  value=self.tokenizer.pad_id)
+
+    def prediction_fields(self, outputs, batch) -> dict:
+        """Prompt and greedy completion as text (one JSONL line each), with the reference answers."""
+        return completion_fields(outputs, batch, self.tokenizer)
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:

@@ -303,6 +303,14 @@ class LDARNetPretraining(_LDARNetBase):
         tokens, valid = self._check_batch(batch)
         return self(tokens, valid)[0]
 
+    def prediction_fields(self, outputs, batch) -> dict:
+        """The logits, and the most likely base at every valid position as a string (one JSONL line per
+        sequence)."""
+        bases = "ACGTN"
+        letters = [[bases[i] if i < len(bases) else "?" for i in row] for row in outputs.argmax(-1).tolist()]
+        lengths = batch["mask"].sum(1).tolist()
+        return {"predicted_bases": ["".join(row[:n]) for row, n in zip(letters, lengths)], "logits": outputs}
+
 
 class LDARNetClassifier(_LDARNetBase):
     __doc__ = f"""Sequence classification with LDARNet: mean pooling over valid positions -> Linear.
@@ -376,3 +384,7 @@ class LDARNetClassifier(_LDARNetBase):
         """Class probabilities (B, num_classes)."""
         tokens, valid = self._check_batch(batch)
         return self(tokens, valid)[0].softmax(-1)
+
+    def prediction_fields(self, outputs, batch) -> dict:
+        """Class probabilities, written as one CSV row per sequence with the predicted class."""
+        return {"probs": outputs}

@@ -517,6 +517,10 @@ class GraphCollaborativeFiltering(PaperModule):
         scores = self.masked_scores(batch, mask_valid=self.hparams.mask_valid_at_test)
         return scores.topk(min(max(self.ks), scores.shape[1]), dim=1).indices
 
+    def prediction_fields(self, outputs, batch) -> dict:
+        """The user id and its recommended item ids, best first (one CSV row per user)."""
+        return {"user": batch["users"], "top_items": outputs}
+
     def _cache_embeddings(self) -> None:
         with torch.no_grad():
             self._eval_cache = None

@@ -282,3 +282,7 @@ class SequentialRecommender(PaperModule):
     def predict_step(self, batch, batch_idx, dataloader_idx: int = 0):
         history = batch[0]
         return self.masked_scores(history).topk(self.hparams.predict_top_k, dim=1).indices
+
+    def prediction_fields(self, outputs, batch) -> dict:
+        """The recommended item ids per sequence, best first (one CSV row per sequence)."""
+        return {"top_items": outputs}

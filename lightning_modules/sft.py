@@ -20,7 +20,8 @@ from torch import nn
 from lightning_modules.base import PaperModule
 from lightning_modules.data_contract import TokenizedData
 from lightning_modules.errors import UserInputError, check_range
-from lightning_modules.grpo import ExactMatchReward, RewardFunction, SpecialTokens, decode_completions, group_statistics
+from lightning_modules.grpo import (ExactMatchReward, RewardFunction, SpecialTokens, completion_fields,
+                                   decode_completions, group_statistics)
 from lightning_modules.rollouts import sample_completions
 from lightning_modules.tiny_gpt import check_policy_vocabulary
 
@@ -129,6 +130,10 @@ class SupervisedWarmup(PaperModule):
                                           self.hparams.max_new_tokens, 0.0, self.tokenizer)
         return nn.functional.pad(tokens, (0, self.hparams.max_new_tokens - tokens.shape[1]),
                                  value=self.tokenizer.pad_id)
+
+    def prediction_fields(self, outputs, batch) -> dict:
+        """Prompt and greedy completion as text (one JSONL line each), with the reference answers."""
+        return completion_fields(outputs, batch, self.tokenizer)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)

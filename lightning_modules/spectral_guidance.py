@@ -413,6 +413,10 @@ class SpectralGuidanceEncoder(PaperModule):
             return self.forward_whitened(x_t, t)
         return self(x_t, t)
 
+    def prediction_fields(self, outputs, batch) -> dict:
+        """The features of each example (one CSV row each)."""
+        return {"features": outputs}
+
     # ------------------------------------------------------------------------------------ encoding
     def grid_index(self, t: int) -> int | None:
         """Position of t on the encode grid, None when t is off the grid."""

@@ -227,3 +227,7 @@ class StochasticOracleModule(PaperModule):
         """The iterate and its exact diagnostics (the batch is the datamodule's all-zero noise sample)."""
         return {"x": self.x.detach().clone(), "sample_objective": self(batch).detach(),
                 **state_metrics(self.objective, self.x.detach())}
+
+    def prediction_fields(self, outputs, batch) -> dict:
+        """One row per predict batch: the iterate's coordinates (``x_0``, ...) and its diagnostics."""
+        return {name: value.reshape(1, -1) if name == "x" else value.reshape(1) for name, value in outputs.items()}

@@ -28,6 +28,9 @@ PAPER_SPECIFIC = {
     # not tricks: the progress bar train.py attaches to every run with a bar (tests/test_cli.py checks it)
     "RunProgressBar": "the default progress bar of train.py (Rich)",
     "RunTQDMProgressBar": "the default progress bar of train.py where Rich is not installed",
+    # not a trick: it acts only in `predict`, which this fit-based harness never runs
+    "PredictionWriter": "writes the outputs of `predict` to files; tests/test_prediction_writer.py runs it for "
+                        "every module family",
 }
 
 
