@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torchmetrics import Metric
 
 from lightning_modules.data_contract import contract_members
 from lightning_modules.errors import UserInputError, one_line
@@ -151,6 +152,7 @@ class PaperModule(LightningModule):
 
     # ----------------------------------------------------------------------------- fine-tuning
     def setup(self, stage: str) -> None:
+        self.unshare_metric_states()
         if stage != "fit" or self.init_from is None or self.init_from_report is not None:
             return
         if self._trainer is not None and self.trainer.ckpt_path:
@@ -158,6 +160,19 @@ class PaperModule(LightningModule):
                      self.trainer.ckpt_path)
             return
         self.load_initial_weights()
+
+    def unshare_metric_states(self) -> None:
+        """Give every torchmetrics state of this module memory of its own process (called by `setup`).
+
+        ``mp.spawn`` (``--trainer.strategy=ddp_spawn``, the CPU multi-process launcher) moves every CPU tensor it
+        pickles into shared memory. Lightning copies parameters and buffers back out, but torchmetrics states are
+        neither, so a metric that accumulates in place (``MulticlassMatthewsCorrCoef``'s ``confmat += ...``) sums
+        every rank's examples into one tensor, which ``compute`` then all-reduces again: each example counts once
+        per rank. Ratios of those counts (accuracy, a non-degenerate MCC) hide it; the degenerate-MCC value does not.
+        ``Metric.reset`` re-creates each state from its default, so states start empty and private in every rank."""
+        for module in self.modules():
+            if isinstance(module, Metric):
+                module.reset()
 
     def load_initial_weights(self) -> dict[str, list[str]]:
         """Load `init_from` now (also usable outside a Trainer); returns and logs the match report."""

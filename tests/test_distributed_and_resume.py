@@ -124,11 +124,7 @@ DDP_FAMILIES = {
     "he2rna": ("configs/rna_fm/he2rna_quick.yaml", [], ()),
     "trnasformer": ("configs/rna_fm/trnasformer_quick.yaml", [], ()),
 }
-KNOWN_DDP_DEFECTS = {
-    "ldarnet": "val/mcc 0.0120 with 1 process vs 0.0085 with 2 while val/acc, val/loss and val/ce agree (measured "
-               "on the 2-step checkpoint; the synthetic sequences all have one length, so padding is not it); "
-               "not yet diagnosed",
-}
+KNOWN_DDP_DEFECTS: dict[str, str] = {}  # family -> reason (a strict xfail); none known today
 SHORT_FIT = ["--trainer.max_epochs=1", "--trainer.max_steps=-1", "--trainer.limit_train_batches=2",
              "--trainer.limit_val_batches=0", "--trainer.val_check_interval=1.0", "--trainer.check_val_every_n_epoch=1",
              *QUIET]
@@ -224,3 +220,26 @@ def test_rng_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
     restore_rng_states(torch.load(tmp_path / "rng.pt", weights_only=True)["rng"])
     again = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(expected[0], again[0]) and np.array_equal(expected[1], again[1]) and expected[2] == again[2]
+
+
+def test_setup_gives_metric_states_memory_of_their_own_process():
+    """``ddp_spawn`` hands every rank the module's tensors in shared memory; Lightning unshares parameters and
+    buffers, not torchmetrics states. Before `PaperModule.unshare_metric_states`, both ranks of LDARNet's 2-process
+    validation accumulated into one confusion matrix that was then all-reduced again (val/mcc 0.0085 vs 0.0120)."""
+    from torchmetrics.classification import MulticlassMatthewsCorrCoef
+
+    from lightning_modules.base import PaperModule
+
+    class WithMetric(PaperModule):
+        def __init__(self):
+            super().__init__()
+            self.mcc = MulticlassMatthewsCorrCoef(num_classes=2)
+
+    module = WithMetric()
+    module.mcc.confmat.share_memory_()  # what mp.spawn's pickling does to every CPU tensor
+    shared = module.mcc.confmat
+    module.setup("validate")
+    assert not module.mcc.confmat.is_shared() and module.mcc.confmat.data_ptr() != shared.data_ptr()
+    preds, labels = torch.zeros(100, dtype=torch.long), torch.tensor([0] * 53 + [1] * 47)
+    module.mcc.update(preds, labels)
+    assert shared.sum() == 0 and module.mcc.confmat.sum() == 100  # the shared tensor is no longer written
