@@ -12,6 +12,11 @@ choice for short runs where a 0.999 average would still be dominated by the init
 
 Buffers (BatchNorm statistics) are not averaged: the denoisers in this collection use GroupNorm/LayerNorm.
 Under FSDP the average is kept per local shard, which is correct because every rank updates its own shard.
+
+Lightning's ``EMAWeightAveraging`` computes the same fixed-decay average (``EMAWeights(start_step=1)``), but it
+has no decay warm-up, keeps its average as a copy of the whole module in the training dtype (under ``bf16-true``
+a 0.999 average never moves), and stores the average as the checkpoint's ``state_dict``, where this collection
+keeps the training weights for ``init_from`` and exact resume; ``tests/test_library_equivalence.py`` shows each.
 """
 from __future__ import annotations
 
