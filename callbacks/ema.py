@@ -14,9 +14,10 @@ Buffers (BatchNorm statistics) are not averaged: the denoisers in this collectio
 Under FSDP the average is kept per local shard, which is correct because every rank updates its own shard.
 
 Lightning's ``EMAWeightAveraging`` computes the same fixed-decay average (``EMAWeights(start_step=1)``), but it
-has no decay warm-up, keeps its average as a copy of the whole module in the training dtype (under ``bf16-true``
-a 0.999 average never moves), and stores the average as the checkpoint's ``state_dict``, where this collection
-keeps the training weights for ``init_from`` and exact resume; ``tests/test_library_equivalence.py`` shows each.
+has no decay warm-up, keeps its average as a copy of the whole module in the training dtype (under
+``bf16-true`` updates below bf16 resolution are lost, so a 0.999 average stalls), and stores the average as the
+checkpoint's ``state_dict``, where this collection keeps the training weights for ``init_from`` and exact
+resume; ``tests/test_library_equivalence.py`` shows each.
 """
 from __future__ import annotations
 

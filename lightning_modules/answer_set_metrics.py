@@ -19,7 +19,10 @@ from lightning_modules.multi_answer_protocol import Style, parse_completion
 
 
 def set_brier(confidences: torch.Tensor, correct: torch.Tensor) -> float:
-    """Evaluation set Brier: mean over rows of SUM_i (p_i - y_i)^2 (``eval/check_functions.py``); p clipped."""
+    """Evaluation set Brier: mean over rows of SUM_i (p_i - y_i)^2 (``eval/check_functions.py``); p clipped.
+
+    torchmetrics has no Brier score; this is K times the mean squared error over all (set, candidate) pairs.
+    """
     if confidences.numel() == 0:
         return float("nan")
     p = confidences.double().clamp(0.0, 1.0)
@@ -27,7 +30,11 @@ def set_brier(confidences: torch.Tensor, correct: torch.Tensor) -> float:
 
 
 def expected_calibration_error(confidences: torch.Tensor, correct: torch.Tensor, num_bins: int = 10) -> float:
-    """ECE with equal-width bins on [0, 1] (p = 1 falls in the last bin): sum_b n_b / N |acc_b - conf_b|."""
+    """ECE with equal-width bins on [0, 1] (p = 1 falls in the last bin): sum_b n_b / N |acc_b - conf_b|.
+
+    torchmetrics' ``BinaryCalibrationError(n_bins=10)`` agrees below 1 but gives p = 1 a bin of its own, which
+    changes the value when stated confidences of exactly 1 share the top bin with under-confident ones.
+    """
     p = confidences.double().flatten().clamp(0.0, 1.0)
     y = correct.double().flatten()
     if p.numel() == 0:

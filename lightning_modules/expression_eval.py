@@ -33,7 +33,11 @@ VAL_R_KEY = "validation_gene_pearson"
 
 # ============================================================================================ metrics
 def per_gene_pearson(pred: Tensor, target: Tensor) -> Tensor:
-    """Pearson r across slides for every gene ([N, G] -> [G]); 0 where either side is constant."""
+    """Pearson r across slides for every gene ([N, G] -> [G]); 0 where either side is constant.
+
+    Equal to torchmetrics' ``PearsonCorrCoef(num_outputs=G)`` except for a constant gene, where torchmetrics
+    returns NaN: one collapsed gene would turn the gene mean, the top-k ranking and the BH test into NaN.
+    """
     p = pred.double() - pred.double().mean(0)
     y = target.double() - target.double().mean(0)
     denom = p.norm(dim=0) * y.norm(dim=0)
@@ -93,6 +97,8 @@ def sample_crps(samples: Tensor, target: Tensor) -> Tensor:
     """Per-gene mean over slides of the fair CRPS E|X - y| - E|X - X'| / 2 from K samples ([N, K, G] -> [G]).
 
     E|X - X'| uses the K(K - 1) distinct pairs (sorted form: sum_{k,l} |x_k - x_l| = 2 sum_i (2i - K - 1) x_(i)).
+    torchmetrics' ``ContinuousRankedProbabilityScore`` divides by K^2 instead (the CRPS of the K-point empirical
+    law, which overstates the CRPS by an amount that depends on K) and returns one scalar, not one per gene.
     """
     k = samples.shape[1]
     s = samples.double()

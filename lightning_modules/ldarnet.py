@@ -117,7 +117,12 @@ def param_groups(module: nn.Module, multipliers: dict[str, float]) -> list[dict]
 
 
 class WSDSchedule(torch.optim.lr_scheduler.LambdaLR):
-    """Warm-up (linear) / stable / decay (``1 - sqrt``) to ``final_ratio`` of the LR, by optimiser step."""
+    """Warm-up (linear) / stable / decay (``1 - sqrt``) to ``final_ratio`` of the LR, by optimiser step.
+
+    transformers' ``get_wsd_schedule(decay_type="1-sqrt", min_lr_ratio=final_ratio)`` gives the same stable and
+    decay phases, but its warm-up starts at ``final_ratio`` x LR rather than LR / warm-up steps, it takes whole
+    step counts rather than fractions of the run, and it would make LDARNet import transformers.
+    """
 
     def __init__(self, optimizer: torch.optim.Optimizer, total_steps: int, warmup_fraction: float = 0.1,
                  decay_fraction: float = 0.2, final_ratio: float = 0.05) -> None:
