@@ -3,11 +3,15 @@
     python train.py fit --config configs/trew/classifier_quick.yaml
     python train.py fit --config configs/tamed_sgd/quick.yaml --trainer.max_steps=100
     python train.py fit --config configs/trew/paper.yaml --config configs/trainer/gpu.yaml
+    icml26 fit --config configs/trew/classifier_quick.yaml       # the same, as the installed console script
 
 Every module of ``lightning_modules``, ``datamodules`` and ``callbacks`` is imported here (`import_collection`),
 so short class names (``--model ImageClassifier``) work. W&B runs offline unless ``WANDB_MODE`` is set. Bad user input
 (a missing data folder, an out-of-range value, a foreign checkpoint) ends with one ``error:`` line and
-exit status 2, not a library traceback.
+exit status 2, not a library traceback. Configs may interpolate other keys of the final config
+(``dirpath: ${trainer.default_root_dir}/checkpoints``), resolved after every ``--config`` file and flag is applied.
+A ``--config`` path that does not exist relative to the working directory is looked up among the collection's own
+configs (`resolve_config_paths`), so the console script works from any directory after a regular install.
 """
 from __future__ import annotations
 
@@ -21,6 +25,8 @@ import pkgutil
 import re
 import sys
 import warnings
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 os.environ.setdefault("WANDB_MODE", "offline")  # online W&B without an API key fails; opt in explicitly
 
@@ -29,6 +35,8 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from lightning.pytorch.callbacks import ProgressBar  # noqa: E402
 from lightning.pytorch.loggers import WandbLogger  # noqa: E402
 from lightning.pytorch.utilities import rank_zero_only  # noqa: E402
+from jsonargparse import set_parsing_settings  # noqa: E402
+from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 import callbacks  # noqa: E402
 import datamodules  # noqa: E402
@@ -39,6 +47,16 @@ from lightning_modules.errors import UserInputError, one_line  # noqa: E402
 
 COLLECTION_PACKAGES = (lightning_modules, datamodules, callbacks)
 log = logging.getLogger("train")
+
+DISTRIBUTION = "icml26-lightning"
+try:  # the one version number lives in setup.cfg; an installed copy (editable or not) carries it in its metadata
+    __version__ = version(DISTRIBUTION)
+except PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
+
+# The folder holding ``configs/``: the repository root in a checkout, site-packages after a regular install (the
+# configs are shipped as package data next to this module).
+INSTALL_ROOT = Path(__file__).resolve().parent
 
 
 def import_collection() -> list[str]:
@@ -259,9 +277,34 @@ def explain_parse_error(message: str, parser) -> str:
     return text
 
 
+def _without_subcommand(key: str) -> str:
+    """'fit.trainer.max_epochs' -> 'trainer.max_epochs': users write a subcommand's keys without its name."""
+    head, _, rest = key.partition(".")
+    return rest if rest and head in LightningCLI.subcommands() else key
+
+
+def explain_interpolation_error(err: OmegaConfBaseException, parser) -> str:
+    """One line for a ``${...}`` in a config that does not resolve, named by its key and the key it refers to."""
+    key = _without_subcommand(str(getattr(err, "full_key", "") or "")) or "config"
+    reason = str(getattr(err, "msg", "") or err).splitlines()[0]
+    # a file's ${a.b} is rewritten relative to its own key when read; OmegaConf then reports the key it reached
+    reached = re.search(r"\(resolved to '([^']+)'\)", reason)
+    if reached:
+        target = _without_subcommand(reached.group(1))
+        reason = f"the interpolated key '{target}' does not exist{_did_you_mean(target, _option_keys(parser))}"
+    return f"{key}: {reason} (an interpolation names a key of the final config, e.g. ${{trainer.default_root_dir}})."
+
+
 class CollectionArgumentParser(LightningArgumentParser):
     """A parser whose errors are one ``error:`` line (exit status 2) with the closest valid names; the full usage
     only on ``--help``."""
+
+    def parse_args(self, *args, **kwargs):
+        """Parse; an interpolation that does not resolve is a parse error, not an OmegaConf traceback."""
+        try:
+            return super().parse_args(*args, **kwargs)
+        except OmegaConfBaseException as err:
+            self.error(explain_interpolation_error(err, self), err)
 
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error or os.environ.get("JSONARGPARSE_DEBUG"):
@@ -277,9 +320,36 @@ class CollectionArgumentParser(LightningArgumentParser):
 LIGHTNING_INPUT_ERRORS = ("`val_check_interval`",)
 
 
+def _is_config_option(arg: str) -> bool:
+    return arg in ("--config", "-c")
+
+
+def resolve_config_paths(argv: list[str]) -> list[str]:
+    """``argv`` with each ``--config`` file that does not exist relative to the working directory replaced by the
+    collection's own file of that relative path (``configs/trew/quick.yaml``), when there is one.
+
+    A file that exists where the user runs the command always wins, so a local edited copy of a config is used as
+    given; only a missing relative path is looked up next to this module (the repository root in a checkout, the
+    installed configs after ``pip install``). Anything else is left for the parser to report.
+    """
+    def resolve(path: str) -> str:
+        if os.path.isabs(path) or os.path.exists(path):
+            return path
+        shipped = INSTALL_ROOT / path
+        return str(shipped) if shipped.is_file() else path
+
+    resolved = list(argv)
+    for i, arg in enumerate(resolved):
+        if _is_config_option(arg) and i + 1 < len(resolved):
+            resolved[i + 1] = resolve(resolved[i + 1])
+        elif arg.startswith("--config="):
+            resolved[i] = "--config=" + resolve(arg.split("=", 1)[1])
+    return resolved
+
+
 def _prerequisites(argv: list[str]) -> list[str]:
     """The ``# prerequisite: <config>`` lines of the config files named on the command line."""
-    configs = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg in ("--config", "-c")]
+    configs = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if _is_config_option(arg)]
     configs += [arg.split("=", 1)[1] for arg in argv if arg.startswith("--config=")]
     found = []
     for config in configs:
@@ -292,14 +362,14 @@ def _prerequisites(argv: list[str]) -> list[str]:
     return found
 
 
-def explain_run_error(err: BaseException, argv: list[str]) -> str | None:
+def explain_run_error(err: BaseException, argv: list[str], program: str = "python train.py") -> str | None:
     """The one error line for a user-input failure (None for anything else, which keeps its traceback)."""
     if isinstance(err, UserInputError):
         message = str(err)
         prerequisites = _prerequisites(argv)
         if prerequisites and "does not exist" in message and "init_from" in message:
             message += " This config starts from the checkpoint of " + " and ".join(prerequisites) \
-                + ": run " + "; ".join(f"'python train.py fit --config {p}'" for p in prerequisites) + " first."
+                + ": run " + "; ".join(f"'{program} fit --config {p}'" for p in prerequisites) + " first."
         return message
     if isinstance(err, ValueError) and str(err).lstrip().startswith(LIGHTNING_INPUT_ERRORS):
         return f"trainer: {one_line(err)}"
@@ -333,6 +403,11 @@ class CollectionCLI(LightningCLI):
                 and "callbacks" not in self.trainer_defaults:
             self.trainer_defaults = {**self.trainer_defaults, "callbacks": [default_progress_bar()]}
         return super().instantiate_trainer(**kwargs)
+
+    def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
+        super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+        self.parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                                 help="Print the version of the collection and exit.")
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.set_defaults({"seed_everything": 42})
@@ -403,6 +478,12 @@ class CollectionCLI(LightningCLI):
     before_validate = before_test = before_predict = before_fit
 
 
+# "omegaconf+" resolves ``${...}`` once, on the final config (every --config file and flag applied), so overriding
+# --trainer.default_root_dir moves every path that interpolates it. The config of a subcommand sits under its name
+# (``fit.trainer...``); rewriting each file's absolute references relative to their own key lets a file say
+# ``${trainer.default_root_dir}`` as it would with a single parser.
+set_parsing_settings(omegaconf_absolute_to_relative_paths=True)
+
 CLI_KWARGS = dict(
     model_class=LightningModule,
     datamodule_class=LightningDataModule,
@@ -411,20 +492,31 @@ CLI_KWARGS = dict(
     auto_configure_optimizers=False,
     save_config_callback=RunConfigSaver,
     parser_class=CollectionArgumentParser,
+    parser_kwargs={"parser_mode": "omegaconf+"},
 )
 
 
 def main(args: list[str] | dict | None = None, run: bool = True, cli_class: type = CollectionCLI) -> LightningCLI:
     """Build (and with ``run=True`` execute) the CLI; ``args`` replaces ``sys.argv[1:]`` (tests)."""
+    if isinstance(args, list):
+        args = resolve_config_paths(args)
     return cli_class(args=args, run=run, **CLI_KWARGS)
 
 
-if __name__ == "__main__":
+def console_main() -> None:
+    """``python train.py ...`` and the ``icml26`` console script: the CLI on ``sys.argv``, with ``--config`` paths
+    resolved (`resolve_config_paths`); a user-input failure ends with one ``error:`` line and exit status 2."""
+    sys.argv[1:] = resolve_config_paths(sys.argv[1:])
+    program = "icml26" if Path(sys.argv[0]).stem == "icml26" else "python train.py"
     try:
         main()
     except ValueError as err:  # UserInputError, and Lightning's refusals of a config value
-        explained = explain_run_error(err, sys.argv[1:])
+        explained = explain_run_error(err, sys.argv[1:], program)
         if explained is None:
             raise
         print(f"error: {explained}", file=sys.stderr)
         sys.exit(2)
+
+
+if __name__ == "__main__":
+    console_main()
