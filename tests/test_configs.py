@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import io
+import json
 import shlex
 
 import pytest
@@ -12,8 +13,8 @@ import yaml
 from lightning.pytorch import Callback, LightningDataModule, LightningModule
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from conftest import (PAPER_CONFIGS, QUICK_CONFIGS, SWEEP_FILES, GradientProbe, ParseOnlyCLI, config_path,
-                      run_cli)
+from conftest import (PAPER_CONFIGS, QUICK_CONFIGS, SWEEP_FILES, GradientProbe, ParseOnlyCLI, checkpoint_writers,
+                      config_path, run_cli)
 
 QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 
@@ -193,6 +194,62 @@ def test_sweep_file_is_valid_and_every_sampled_command_parses(sweep_file):
         suggestion.summary_metrics = {sweep["metric"]["name"]: float(len(runs))}
         runs.append(suggestion)
     assert runs, f"{sweep_file}: the sweep engine proposed no run"
+
+
+def _stand_in(paper: str) -> tuple[str, list[str]]:
+    """The quick config that stands in for a ``paper.yaml`` (same directory and module class; among those, the one
+    with the most sub-network classes in common, ``quick.yaml`` on a tie) and the flags that carry the paper's
+    evaluation settings (``eval_*``, which name metrics such as ``val/pass@32``) over to it."""
+    def model(config):
+        with open(config_path(config)) as f:
+            return yaml.safe_load(f)["model"]
+
+    written = model(paper)
+    candidates = [c for c in QUICK_CONFIGS if c.rsplit("/", 1)[0] == paper.rsplit("/", 1)[0]
+                  and model(c)["class_path"] == written["class_path"]]
+    assert candidates, f"no quick config in the directory of {paper} builds {written['class_path']}"
+
+    def shared_classes(config):
+        init_args = model(config).get("init_args") or {}
+        return sum(isinstance(v, dict) and v.get("class_path") == init_args.get(k, {}).get("class_path")
+                   for k, v in (written.get("init_args") or {}).items() if isinstance(init_args.get(k), dict))
+
+    quick = max(sorted(candidates, key=lambda c: not c.endswith("/quick.yaml")), key=shared_classes)
+    evaluation = [f"--model.init_args.{k}={json.dumps(v)}" for k, v in (written.get("init_args") or {}).items()
+                  if k.startswith("eval_")]
+    return quick, evaluation
+
+
+@pytest.mark.parametrize("sweep_file", SWEEP_FILES)
+def test_sweep_metric_is_logged_by_the_module(sweep_file, prerequisite_checkpoints, prerequisite_args):
+    """The metric a sweep optimises is one its runs log: the first sampled command, with fast_dev_run (one
+    validation pass) and no logger, puts ``metric.name`` into ``trainer.callback_metrics``. A sweep on a
+    ``paper.yaml`` (real data, local model paths, values sized for it) runs on a quick config of the same module
+    class (`_stand_in`) with the paper's evaluation settings; a sweep on a quick config runs its sampled command
+    as the agent would (the sampled values of every sweep reaching the config is checked above)."""
+    import sweeps
+
+    with open(config_path(sweep_file)) as f:
+        sweep = yaml.safe_load(f)
+    sampled = _agent_arguments(sweeps.next_run(sweep, []).config)
+    args = []
+    for token in sweep["command"][4:]:
+        args.extend(sampled if token == "${args}" else [token])
+    assert args[:2] == ["fit", "--config"], args
+    if args[2].endswith("paper.yaml"):
+        quick, evaluation = _stand_in(args[2])
+        args = ["fit", "--config", quick, *evaluation]  # without the local paths and the paper-scale samples
+    for i, arg in enumerate(args):  # a checkpoint that a quick config writes: build it
+        if arg.endswith(".ckpt"):
+            option, path = arg.split("=", 1)
+            args[i] = f"{option}={prerequisite_checkpoints(checkpoint_writers()[path])}"
+    if not any(a.startswith("--model.init_args.init_from") for a in args):
+        args += prerequisite_args(args[2])
+    args = [config_path(a) if a.endswith(".yaml") else a for a in args]
+    cli = run_cli(*args, "--trainer.fast_dev_run=true", *QUIET)
+    metric = sweep["metric"]["name"]
+    assert metric in cli.trainer.callback_metrics, \
+        f"{sweep_file}: the runs never log {metric!r}; they log {sorted(cli.trainer.callback_metrics)}"
 
 
 def _same(parsed, proposed) -> bool:
