@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -170,15 +169,13 @@ class ScriptedScores(LightningModule):
 @functools.cache
 def checkpoint_writers() -> dict[str, str]:
     """``{checkpoint path: quick config}`` for the ``last.ckpt`` each quick config's ModelCheckpoint writes (read
-    from the file; a config that interpolates its paths is parsed by the CLI instead)."""
+    from the file, its ``${...}`` interpolations resolved as the CLI's omegaconf mode does)."""
+    from omegaconf import OmegaConf
+
     writers = {}
     for config in QUICK_CONFIGS:
-        text = (REPO / config).read_text()
-        if "${" in text:
-            parsed = run_cli("fit", "--config", config_path(config), cli_class=ParseOnlyCLI).config["fit"]
-            callbacks = [c.as_dict() for c in parsed["trainer"]["callbacks"] or []]
-        else:
-            callbacks = ((yaml.safe_load(text) or {}).get("trainer") or {}).get("callbacks") or []
+        written = OmegaConf.to_container(OmegaConf.create((REPO / config).read_text()), resolve=True)
+        callbacks = (written.get("trainer") or {}).get("callbacks") or []
         for callback in callbacks:
             args = callback.get("init_args") or {}
             if callback.get("class_path", "").endswith("ModelCheckpoint") and args.get("save_last") and \

@@ -1,11 +1,12 @@
 """Every command in a fenced block of README.md and docs/*.md is run (or, where it cannot run here, checked), so no
 documented command can go stale.
 
-* ``python train.py <subcommand> ...`` runs in-process with ``--trainer.fast_dev_run=true`` appended, from the
-  test's temporary directory (so ``runs/...`` lands there). A ``.ckpt`` path in the command is replaced by a
-  checkpoint of the quick config that writes that path (after two training steps), and a config that fine-tunes
-  another config's result gets its prerequisite's checkpoint, as in the contract harness. ``--print_config`` and
-  ``--*.help`` must exit 0. A command on a ``*paper.yaml`` config is parsed, not run: paper configs read the real
+* ``python train.py <subcommand> ...`` (or ``icml26 <subcommand> ...``, the installed entry point) runs
+  in-process with ``--trainer.fast_dev_run=true`` appended, from the test's temporary directory (so ``runs/...``
+  lands there). A ``.ckpt`` path in the command is replaced by a checkpoint of the quick config that writes that
+  path (after two training steps), and a config that fine-tunes another config's result gets its prerequisite's
+  checkpoint, as in the contract harness. ``--print_config``, ``--help``, ``--version`` and ``--*.help`` must exit
+  0. A command on a ``*paper.yaml`` config is parsed, not run: paper configs read the real
   dataset from a local ``data_dir`` and are sized for GPUs.
 * ``python train.py fit --config <one quick config>`` with nothing else is exactly what the harness's
   ``test_fast_dev_run`` runs for every quick config, so here it only has to name a quick config.
@@ -98,8 +99,9 @@ def test_documented_command(doc, command, prerequisite_checkpoints, prerequisite
         return
     if re.search(r"<[a-z_]+>|/path/to/", command):
         pytest.fail(f"{doc}: `{command}` has a placeholder; make it runnable or list it in NOT_RUN with the reason")
-    if words[:2] == ["python", "train.py"]:
-        _check_train_command(doc, command, words[2:], prerequisite_checkpoints, prerequisite_args)
+    if words[:2] == ["python", "train.py"] or words[0] == "icml26":  # icml26: the installed train.py
+        _check_train_command(doc, command, words[1 if words[0] == "icml26" else 2:], prerequisite_checkpoints,
+                             prerequisite_args)
     elif words[:2] == ["python", "-m"] and words[2].startswith("experiments."):
         _check_experiment_command(words[2], [w.strip("[]") for w in words[3:]], monkeypatch)  # [--optional]
     elif words[:2] == ["wandb", "sweep"]:
@@ -125,7 +127,7 @@ def _check_train_command(doc, command, args, prerequisite_checkpoints, prerequis
         args[index] = args[index].replace(path, prerequisite_checkpoints(writer))
     if quick and not any(a.startswith("--model.init_args.init_from") for a in args):
         args += prerequisite_args(quick[-1])
-    if "--print_config" in args or any(a.endswith(".help") or a == "--help" for a in args):
+    if any(a in ("--print_config", "--help", "--version") or a.endswith(".help") for a in args):
         with contextlib.redirect_stdout(io.StringIO()) as out, pytest.raises(SystemExit) as exit_info:
             run_cli(*args)
         assert exit_info.value.code in (0, None), f"{doc}: `{command}`"
@@ -158,9 +160,10 @@ def test_checkpoints_are_written_earlier_on_the_same_page():
         fitted: set[str] = set()
         for words in documented_commands(doc):
             command = " ".join(words)
-            if words[:2] != ["python", "train.py"]:
+            if words[:2] != ["python", "train.py"] and words[0] != "icml26":
                 continue
-            args, configs = words[2:], _configs(words[2:])
+            args = words[1 if words[0] == "icml26" else 2:]
+            configs = _configs(args)
             needed = {checkpoint_writers().get(path, path) for _, _, path in _checkpoint_values(args)}
             if not any(a.startswith("--model.init_args.init_from") for a in args):
                 needed |= {PREREQUISITES[c] for c in configs if c in PREREQUISITES}
