@@ -207,8 +207,8 @@ def write_result(paper: str, *, seeds: int, wall_s: float, config: dict, arms: d
 
 
 def progress(iterable: Iterable, desc: str, total: int | None = None):
-    """A tqdm bar over seeds/arms on stderr (disabled when stderr is not a terminal)."""
+    """A tqdm bar over seeds/arms on stderr; ``disable=None`` is tqdm's own rule: no bar when stderr is not a
+    terminal (a log file, a test run), so logs do not fill with bar redraws."""
     from tqdm.auto import tqdm
 
-    return tqdm(iterable, desc=desc, total=total, disable=not sys.stderr.isatty(), leave=False,
-                dynamic_ncols=True)
+    return tqdm(iterable, desc=desc, total=total, file=sys.stderr, disable=None, leave=False, dynamic_ncols=True)

@@ -50,8 +50,8 @@ from pathlib import Path
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import EarlyStopping
 
-from experiments.kit import (REPO_ROOT, KeepBest, experiment_parser, from_config, markdown_table, quiet_single_thread,
-                             quiet_trainer, summarise, write_result)
+from experiments.kit import (REPO_ROOT, KeepBest, experiment_parser, from_config, markdown_table, progress,
+                             quiet_single_thread, quiet_trainer, summarise, write_result)
 
 PAPER = "recbole_parity"
 CONFIG = "configs/nt_ssm/quick.yaml"
@@ -234,7 +234,8 @@ def main(argv: list[str] | None = None) -> dict:
     if importlib.util.find_spec("recbole") is None and not args.smoke:
         raise SystemExit("MovieLens-100k is read from the recbole wheel: pip install --no-deps recbole==1.2.1")
     start = time.perf_counter()
-    per_seed = [run_seed(seed, epochs, patience, args.smoke, recbole_python) for seed in range(args.seeds)]
+    per_seed = [run_seed(seed, epochs, patience, args.smoke, recbole_python)
+                for seed in progress(range(args.seeds), "seeds")]
     wall = time.perf_counter() - start
     arms = summarise([row["arms"] for row in per_seed])
     config = {"config_file": CONFIG, "data": "synthetic 120 x 200 (smoke)" if args.smoke else "MovieLens-100k",

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import importlib
+import io
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -43,14 +45,20 @@ def test_there_are_scripts():
     assert "knapsack_rl" in SCRIPTS and "kit" not in SCRIPTS and len(SCRIPTS) >= 10, SCRIPTS
 
 
+def _files_under(*folders: Path) -> dict[Path, int]:
+    return {p: p.stat().st_mtime_ns for folder in folders if folder.exists() for p in folder.rglob("*")}
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_help_exits_without_running(script, capsys):
+def test_help_exits_without_running(script, capsys, tmp_path):
     module = importlib.import_module(f"experiments.{script}")
+    before = _files_under(tmp_path, kit.RESULTS)  # tmp_path is the working directory
     start = time.perf_counter()
     with pytest.raises(SystemExit) as exit_info:
         module.main(["--help"])
     assert exit_info.value.code == 0
-    assert time.perf_counter() - start < 5, "--help must not start a run"
+    assert time.perf_counter() - start < 1, "--help must not start a run"
+    assert _files_under(tmp_path, kit.RESULTS) == before, "--help wrote files"
     text = capsys.readouterr().out
     for flag in ("--seeds", "--out", "--smoke"):
         assert flag in text, (script, flag)
@@ -72,6 +80,19 @@ def test_smoke_run_writes_the_schema(script, tmp_path):
 
 
 # --------------------------------------------------------------------------------------------- the kit
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("stream", [_Terminal, io.StringIO])
+def test_progress_bar_on_stderr_only_on_a_terminal(stream, monkeypatch):
+    monkeypatch.setattr("sys.stderr", stream())
+    assert list(kit.progress(range(3), "seeds")) == [0, 1, 2]
+    shown = sys.stderr.getvalue()
+    assert ("seeds:" in shown and "0/3" in shown) if stream is _Terminal else shown == ""
+
+
 def test_summarise_on_hand_values():
     per_seed = [{"a": {"x": 1.0, "y": 2.0}, "b": {"x": 0.0}},
                 {"a": {"x": 3.0, "y": 2.0}, "b": {"x": 4.0}},
