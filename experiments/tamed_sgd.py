@@ -50,6 +50,9 @@ deviation (ddof = 1), as published; ``per_seed`` holds each run's values, the di
 ``--digits-seeds`` entries, every tuning candidate included), ``synthetic_clip_selection`` and ``digits_selection``
 (each tuned arm's split, candidates, their validation scores, the test accuracy they would have had, and the
 chosen one) and ``results/tamed_sgd.png``.
+
+Length: one file because (a), (b) and (c) share the arms, the noise and the selection rules, and (b) exists to
+check that (a)'s vectorised path and the Lightning path agree; split apart, that check would span three files.
 """
 from __future__ import annotations
 
