@@ -147,6 +147,32 @@ def test_predict_writes_one_entry_per_example(family, tmp_path, prerequisite_arg
     check(rows, files, cli)
 
 
+def test_with_a_wandb_logger_each_run_writes_into_its_own_wandb_files_folder(tmp_path, monkeypatch):
+    """W&B's ``log_dir`` is the ``save_dir`` every W&B run shares; predictions go to the run's own files folder
+    (which ``wandb sync`` uploads), so two predict runs never overwrite each other."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    import wandb
+
+    config = ["--config", config_path("configs/tamed_sgd/quick.yaml"), *QUIET]
+    fit = run_cli(*config, "--trainer.fast_dev_run=1", "--trainer.logger=false", run=False)
+    fit.trainer.fit(fit.model, datamodule=fit.datamodule)
+    ckpt = str(tmp_path / "fit.ckpt")
+    fit.trainer.save_checkpoint(ckpt)
+    folders = []
+    for _ in range(2):
+        cli = run_cli("predict", *config, "--config", config_path("configs/logger/wandb.yaml"),
+                      f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}", f"--ckpt_path={ckpt}",
+                      "--trainer.limit_predict_batches=1")
+        writer = next(c for c in cli.trainer.callbacks if isinstance(c, PredictionWriter))
+        run_dir = cli.trainer.logger.experiment.dir
+        wandb.finish()
+        assert writer.resolved_dir == os.path.join(run_dir, "predictions")
+        assert run_dir.startswith(str(tmp_path / "runs")) and run_dir != cli.trainer.log_dir
+        assert {"predictions.csv", "predictions.pt"} <= set(os.listdir(writer.resolved_dir))
+        folders.append(writer.resolved_dir)
+    assert folders[0] != folders[1]
+
+
 def test_ranks_write_their_own_part_and_a_rerun_replaces_the_other_table(tmp_path):
     """Under DDP each process writes files with its rank; a text table replaces an older numeric one."""
     writer = PredictionWriter(output_dir=str(tmp_path))
