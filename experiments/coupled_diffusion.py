@@ -203,11 +203,11 @@ def run(seeds: int, levels: list[float], steps: int, classifier_epochs: int) -> 
         for seed in kit.progress(range(seeds), "seeds"):
             row = {}
             classifier = train_classifier(seed, Path(folder), classifier_epochs)
-            for level in levels:
+            for level in kit.progress(levels, f"seed {seed} levels"):
                 t0 = time.perf_counter()
                 trained = {name: train_coupled(strategy, level, seed, classifier,
                                                steps * (COMPUTE_FACTOR if name == "enhanced_3x" else 1))
-                           for name, strategy in STRATEGY.items()}
+                           for name, strategy in kit.progress(STRATEGY.items(), f"p={level} training")}
                 models = {name: model for name, (model, _, _) in trained.items()}
                 model_settings = {key: models["parallel"].hparams[key] for key in MODEL_KEYS}
                 if models["parallel"].hparams.coupling_iterations != COMPUTE_FACTOR:
@@ -220,7 +220,7 @@ def run(seeds: int, levels: list[float], steps: int, classifier_epochs: int) -> 
                     corrupted_logits = parallel.classify(corrupted)
                 rows = {"corrupted": {"acc": _accuracy(corrupted_logits, labels),
                                       **compute_metrics("sample_calls", counter.counts)}}
-                for arm in ARMS[1:]:
+                for arm in kit.progress(ARMS[1:], f"p={level} sampling"):
                     model = models[SAMPLERS[arm]]
                     sample_start = time.perf_counter()
                     with CallCounter(model) as counter:  # one call on the whole test set: calls = calls per image

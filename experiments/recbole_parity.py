@@ -176,13 +176,18 @@ def run_recbole(python: str, seed: int, epochs: int, patience: int) -> dict:
 # ---------------------------------------------------------------------------------------------- the experiment
 def run_seed(seed: int, epochs: int, patience: int, smoke: bool, recbole_python: str | None) -> dict:
     runs = {}
+    trainings = progress(None, f"seed {seed} trainings", total=2 + (recbole_python is not None))
     base = run_ours(seed, "nearest", (False, True), epochs, patience, smoke)
+    trainings.update()
     runs[ARM_TRAIN_ONLY] = {**base, "test_masks_valid": False}
     runs[ARM_TRAIN_VALID] = {**base, "test_masks_valid": True}
     runs[ARM_RECBOLE_PROTOCOL] = {**run_ours(seed, "floor", (True,), epochs, patience, smoke),
                                   "test_masks_valid": True}
+    trainings.update()
     if recbole_python is not None:
         runs[ARM_RECBOLE] = {**run_recbole(recbole_python, 2020 + seed, epochs, patience), "test_masks_valid": True}
+        trainings.update()
+    trainings.close()
     arms = {}
     for arm, run in runs.items():
         test = run["tests"][run["test_masks_valid"]]

@@ -55,10 +55,12 @@ def measure(sizes: dict, steps: int, eval_repeats: int, users: int) -> dict:
     batch = sizes["batch_size"]
     lit, data = build(sizes, users)
     out = {}
+    bar = progress(None, "training, evaluation, generation (Lightning and plain)", total=5)
     # ---- training
     clock = Clock()
     quiet_trainer([clock], max_steps=steps, max_epochs=-1, limit_val_batches=0).fit(lit, datamodule=data)
     out["train_samples_per_s_lightning"] = steps * batch / clock.seconds
+    bar.update()
     plain, _ = build(sizes, users)
     opt = torch.optim.Adam(plain.parameters(), lr=3e-3)
     plain.train()
@@ -76,6 +78,7 @@ def measure(sizes: dict, steps: int, eval_repeats: int, users: int) -> dict:
                 break
         epoch += 1
     out["train_samples_per_s_plain"] = steps * batch / (time.perf_counter() - start)
+    bar.update()
     # ---- full-ranking evaluation
     evaluated = len(data.valid_target) * eval_repeats
     t = quiet_trainer()
@@ -83,6 +86,7 @@ def measure(sizes: dict, steps: int, eval_repeats: int, users: int) -> dict:
     for _ in range(eval_repeats):
         t.validate(lit, datamodule=data, verbose=False)
     out["eval_users_per_s_lightning"] = evaluated / (time.perf_counter() - start)
+    bar.update()
     lit.eval()
     start = time.perf_counter()
     with torch.no_grad():
@@ -92,6 +96,7 @@ def measure(sizes: dict, steps: int, eval_repeats: int, users: int) -> dict:
                 metrics.update(leave_one_out_ranks(lit.masked_scores(history), target))
             metrics.compute()
     out["eval_users_per_s_plain"] = evaluated / (time.perf_counter() - start)
+    bar.update()
     # ---- generation
     start = time.perf_counter()
     new = generate_sequences(lit.score_next, data.training_sequences, m=5, tau=20, p=0.5, min_len=3,
@@ -101,6 +106,8 @@ def measure(sizes: dict, steps: int, eval_repeats: int, users: int) -> dict:
     out["generation_source_sequences_per_s"] = len(data.training_sequences) / seconds
     out["generation_trajectories_per_s"] = 5 * len(data.training_sequences) / seconds
     out["generated_unique"] = len(new)
+    bar.update()
+    bar.close()
     out["train_ratio_lightning_over_plain"] = out["train_samples_per_s_lightning"] / out["train_samples_per_s_plain"]
     out["eval_ratio_lightning_over_plain"] = out["eval_users_per_s_lightning"] / out["eval_users_per_s_plain"]
     return out

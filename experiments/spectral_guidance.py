@@ -220,7 +220,7 @@ def run_gmm_guidance(seed: int, denoiser_steps: int = 1500, encoder_steps: int =
     gmm = dm.gmm
     targets = torch.arange(dm.num_classes).repeat_interleave(sampling.samples_per_class)
     arms = {"unguided": _sample_arm(denoiser, None, gmm, targets, seed, sampling)}
-    for s in sampling.strengths:
+    for s in kit.progress(sampling.strengths, f"S2 seed {seed} strengths"):
         for sign_fix, name in ((True, "spectral"), (False, "spectral (official sign)")):
             arms[f"{name}, s={s:g}"] = _sample_arm(denoiser, lambda s=s, f=sign_fix: SpectralGuide(
                 encoder, encoded["coefficients"], targets, strength=s, sign_fix=f), gmm, targets, seed, sampling)

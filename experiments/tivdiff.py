@@ -103,18 +103,21 @@ def fit(model: TIVDiff, data: FaceDataModule, steps: int, seed: int, callbacks=(
 
 @torch.no_grad()
 def run_seed(seed: int, args) -> tuple[dict, dict]:
+    stages = kit.progress(None, f"seed {seed}: encoder, generator, evaluation", total=3)
     _, data = kit.from_config(ENCODER_CONFIG, *data_overrides(args, seed))
     data.setup("fit")
     # the model's initialisation draws from the global RNG: seeded with `seed` (the data draws from its own streams)
     encoder_stage = make_model(ENCODER_CONFIG, args, data.num_train_identities, seed)
     with torch.enable_grad():
         fit(encoder_stage, data, args.encoder_steps, seed)
+    stages.update()
     # no reseeding: every weight is overwritten by stage 1's below, and fit() seeds the training
     model = make_model(GENERATOR_CONFIG, args, data.num_train_identities, False)
     model.load_state_dict(encoder_stage.state_dict())  # the frozen encoder of stage 1 (init_from in the configs)
     ema = EMAWeights(decay=args.ema, warmup=True)
     with torch.enable_grad():
         fit(model, data, args.generator_steps, seed + 1000, [ema])
+    stages.update()
     for name, p in model.named_parameters():  # evaluate with the EMA weights
         if name in ema.averages:
             p.copy_(ema.averages[name])
@@ -203,6 +206,8 @@ def run_seed(seed: int, args) -> tuple[dict, dict]:
                "virtual_plain": faces_plain[:8],
                "virtual_key_b": model.generate(model.virtual_identity(e_sub[:8], (keys[:8] * 48271 + 11) % MAX_KEY),
                                                geometry[:8], z_wm[:8])}
+    stages.update()
+    stages.close()
     return arms, samples
 
 

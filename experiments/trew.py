@@ -259,11 +259,13 @@ def run_seed(seed: int, args) -> tuple[dict[str, dict[str, float]], dict[str, di
         chosen: dict[str, dict] = {}
         lr_hand = args.lr_grid.index(hand["lr"])
         ft = [run("finetune", args.ft_epochs, lr=lr, snapshot_epoch=short if lr == hand["lr"] else None)
-              for lr in args.lr_grid]
+              for lr in kit.progress(args.lr_grid, f"seed {seed} FT grid")]
         neggrad = [run("neggrad_plus", lr=lr, forget_weight=w, snapshot_epoch=short)
-                   for lr, w in itertools.product(args.lr_grid, args.neggrad_weight_grid)]
+                   for lr, w in kit.progress(list(itertools.product(args.lr_grid, args.neggrad_weight_grid)),
+                                             f"seed {seed} NegGrad+ grid")]
         rl = [run("random_labels", lr=lr, forget_weight=w, snapshot_epoch=short)
-              for lr, w in itertools.product(args.lr_grid, args.rl_weight_grid)]
+              for lr, w in kit.progress(list(itertools.product(args.lr_grid, args.rl_weight_grid)),
+                                        f"seed {seed} RL grid")]
         hand_runs = {
             "FT": ft[lr_hand],
             "NegGrad+": neggrad[lr_hand * len(args.neggrad_weight_grid)
@@ -279,7 +281,7 @@ def run_seed(seed: int, args) -> tuple[dict[str, dict[str, float]], dict[str, di
         keys = dict.fromkeys(key for source in ("weights", "confusion")   # beta = 0 is shared: run once
                              for key in trew_grid(source, args.beta_grid, args.temperature_grid))
         trew = {key: run("trew", lr=hand["lr"], beta=key[1], temperature=key[2], similarity=key[0],
-                         snapshot_epoch=short) for key in keys}
+                         snapshot_epoch=short) for key in kit.progress(keys, f"seed {seed} TREW grid")}
         results["diagnostic: similarity vs retrained"] = similarity_diagnostic(original, evaluator, f)
         results["TREW paper default (beta 10, T 0.1)"] = evaluator.metrics(
             trew[("weights", 10.0, 0.1)].snapshot_model())

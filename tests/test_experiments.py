@@ -64,10 +64,42 @@ def test_help_exits_without_running(script, capsys, tmp_path):
         assert flag in text, (script, flag)
 
 
+class _CountingBar:
+    """Stands in for tqdm in `kit.progress`: counts how often the bars advance."""
+    ticks = 0
+
+    def __init__(self, iterable=None, **kwargs) -> None:
+        self.iterable = iterable
+
+    def __iter__(self):
+        for item in self.iterable:
+            _CountingBar.ticks += 1
+            yield item
+
+    def update(self, n: int = 1) -> None:
+        _CountingBar.ticks += n
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __getattr__(self, name: str):  # set_postfix_str, set_description, ...: shown text only
+        return lambda *args, **kwargs: None
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_smoke_run_writes_the_schema(script, tmp_path):
+def test_smoke_run_writes_the_schema(script, tmp_path, monkeypatch):
     module = importlib.import_module(f"experiments.{script}")
+    monkeypatch.setattr("tqdm.auto.tqdm", _CountingBar)
+    _CountingBar.ticks = 0
     result = module.main(["--smoke", "--seeds", "1", "--out", str(tmp_path)])
+    # progress within a seed (arms, grid points, stages), not only over seeds: one seed advances a bar twice or more
+    assert _CountingBar.ticks >= 2, f"{script}: a one-seed run advanced its progress bars {_CountingBar.ticks} times"
     assert isinstance(result, dict)
     check_schema(result)
     assert result["seeds"] == 1
