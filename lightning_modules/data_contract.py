@@ -128,3 +128,15 @@ class SlideExpressionData(Protocol):
     bimodal_genes: Any   # bool [G] or None: genes with a bimodal generator (synthetic data only)
     gene_names: list[str]    # [G] (rows of the written expression predictions)
     slide_ids: list[str]     # one per slide, indexed by a batch's "index"
+
+
+# ============================================================================================ concepts
+@runtime_checkable
+class ConceptData(Protocol):
+    """Concept bottleneck data (`datamodules.concepts.ConceptDataModule`; CEM, evi-CEM, EC-CEM): batches (x, y, c)."""
+
+    num_concepts: int
+    num_tasks: int
+    input_dim: int | None            # feature size of vector inputs; None for images
+    concept_groups: list[list[int]]  # concept indices per group (CUB's 28 attribute groups; singletons elsewhere)
+    concept_imbalance: Any           # [k] n_neg / n_pos of the training split (None before setup)
