@@ -5,7 +5,8 @@ A script ``experiments/<paper>.py`` has ``main(argv: list[str] | None = None) ->
 ``--out`` (a directory) and ``--smoke`` (a seconds-long run with tiny sizes), and writes ``<out>/<paper>.json``::
 
     {"paper": str, "seeds": int, "wall_s": float, "config": {...},
-     "arms": {arm: {metric: {"mean": float, "std": float}}}, "per_seed": [...], ...optional extra keys}
+     "arms": {arm: {metric: {"mean": float, "std": float}}}, "per_seed": [...],
+     "machine": {"cpus", "torch_threads", "load_1min_at_end"}, ...optional extra keys}
 
 Where it trains a collection module it starts from that paper's config file through `from_config` and overrides
 only what the experiment varies, so the experiment and ``python train.py fit --config ...`` cannot drift apart.
@@ -197,8 +198,10 @@ def write_result(paper: str, *, seeds: int, wall_s: float, config: dict, arms: d
         for metric, cell in metrics.items():
             if set(cell) != {"mean", "std"}:
                 raise ValueError(f"arms[{arm!r}][{metric!r}] must be {{'mean', 'std'}}, got {sorted(cell)}")
+    machine = {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+               "load_1min_at_end": round(os.getloadavg()[0], 2)}  # wall_s depends on what else the machine ran
     result = {"paper": paper, "seeds": int(seeds), "wall_s": float(wall_s), "config": copy.deepcopy(config),
-              "arms": arms, "per_seed": per_seed, **extra}
+              "arms": arms, "per_seed": per_seed, "machine": machine, **extra}
     result = _plain(result)
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)

@@ -29,10 +29,11 @@ import shlex
 
 import pytest
 
+from experiments.timings import doc_files, documented_commands
 from conftest import (PREREQUISITES, QUICK_CONFIGS, REPO, SWEEP_FILES, ParseOnlyCLI,
                       checkpoint_writers, config_path, run_cli)
 
-DOC_FILES = ["README.md"] + sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md"))
+DOC_FILES = doc_files()
 
 # documented commands that this test does not run, each with the reason
 NOT_RUN = {
@@ -42,18 +43,6 @@ NOT_RUN = {
     "python -m pytest -q -m slow": "the slow test suite itself",
     "wandb agent <entity>/<project>/<sweep_id>": "a placeholder for the id `wandb sweep` prints; needs a W&B server",
 }
-
-
-def documented_commands(doc: str) -> list[list[str]]:
-    """The shell commands (as words) of the fenced code blocks of ``doc``, in order: line continuations joined,
-    ``&&`` chains split, comments dropped."""
-    commands = []
-    for block in re.findall(r"^```[^\n]*\n(.*?)^```", (REPO / doc).read_text(), flags=re.S | re.M):
-        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
-            for part in line.split("&&"):
-                if part.split()[:1] and part.split()[0] in ("python", "wandb", "pip", "icml26", "bash", "sh"):
-                    commands.append(shlex.split(part, comments=True))
-    return commands
 
 
 COMMANDS = [(doc, " ".join(words)) for doc in DOC_FILES for words in documented_commands(doc)]
@@ -86,8 +75,7 @@ def test_continuations_chains_and_comments_are_split(tmp_path, monkeypatch):
     page = tmp_path / "page.md"
     page.write_text("text `python train.py not-a-block`\n```bash\npython train.py fit \\\n    --config a.yaml"
                     "   # comment\nwandb sweep s.yaml && python -m experiments.x --seeds 2\n```\n")
-    monkeypatch.setattr("test_docs_commands.REPO", tmp_path)
-    assert documented_commands("page.md") == [["python", "train.py", "fit", "--config", "a.yaml"],
+    assert documented_commands("page.md", root=tmp_path) == [["python", "train.py", "fit", "--config", "a.yaml"],
                                               ["wandb", "sweep", "s.yaml"],
                                               ["python", "-m", "experiments.x", "--seeds", "2"]]
 

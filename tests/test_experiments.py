@@ -5,6 +5,7 @@ import importlib
 import io
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -154,6 +155,7 @@ def test_write_result_schema(tmp_path):
     assert on_disk == result
     check_schema(on_disk)
     assert on_disk["claim"] == {"held": True} and on_disk["per_seed"][0]["m"]["acc"] == pytest.approx(0.4)
+    assert on_disk["machine"]["cpus"] == os.cpu_count() and on_disk["machine"]["load_1min_at_end"] >= 0
     kit.write_result("demo", seeds=1, wall_s=0.0, config={"a": 1}, arms=arms, per_seed=[{}], out=tmp_path,
                      name="demo_other")
     assert (tmp_path / "demo_other.json").is_file() and not (tmp_path / "demo.json").exists()

@@ -1,0 +1,202 @@
+"""How long the documented commands take: measured on this machine, never written by hand.
+
+    python -m experiments.timings                    # the training commands of README.md and docs/*.md
+    python -m experiments.timings --parts suite      # the default test suite (the README's test line)
+
+* Training commands: every ``python train.py ...`` line of a fenced block in README.md and docs/*.md, run as a user
+  runs it (a fresh process, from a scratch folder per page, in page order, so a command finds the checkpoint an
+  earlier line of its page wrote). Commands on ``*paper.yaml`` configs are not run: they read real datasets from a
+  local folder and are sized for GPUs.
+* Experiment scripts (``python -m experiments.<name>``): the ``wall_s`` their own run wrote into
+  ``results/<name>.json`` (re-running hours of experiments here would measure the same thing again).
+* The test suite (``--parts suite``): ``python -m pytest -q`` from the repository root, with its summary line.
+
+Writes ``<out>/timings.json`` (the kit's schema: one arm per command, metric ``wall_s``) and ``<out>/timings.md``,
+the table the README links. A part that is not measured keeps the entries of the earlier ``timings.json`` in
+``--out``, each with its own date. Wall time depends on what else the machine runs: every entry records the CPU
+count and the 1-minute load average before and after it.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from experiments import kit
+
+DOC_FILES = ("README.md", "docs/*.md")
+TEST_LINE = "python -m pytest -q"
+PARTS = ("commands", "suite")
+
+
+def doc_files(root: Path = kit.REPO_ROOT) -> list[str]:
+    """README.md, then docs/*.md in name order (paths relative to ``root``)."""
+    return ["README.md"] + sorted(str(p.relative_to(root)) for p in (root / "docs").glob("*.md"))
+
+
+def documented_commands(doc: str, root: Path = kit.REPO_ROOT) -> list[list[str]]:
+    """The shell commands (as words) of the fenced code blocks of ``doc``, in order: line continuations joined,
+    ``&&`` chains split, comments dropped."""
+    commands = []
+    for block in re.findall(r"^```[^\n]*\n(.*?)^```", (root / doc).read_text(), flags=re.S | re.M):
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+            for part in line.split("&&"):
+                if part.split()[:1] and part.split()[0] in ("python", "wandb", "pip", "icml26", "bash", "sh"):
+                    commands.append(shlex.split(part, comments=True))
+    return commands
+
+
+def documented_comments(doc: str, root: Path = kit.REPO_ROOT) -> list[str]:
+    """The ``# ...`` comments on the command lines of the fenced blocks of ``doc``."""
+    comments = []
+    for block in re.findall(r"^```[^\n]*\n(.*?)^```", (root / doc).read_text(), flags=re.S | re.M):
+        comments += [line.split("#", 1)[1].strip() for line in re.sub(r"\\\n\s*", " ", block).splitlines()
+                     if "#" in line and not line.lstrip().startswith("#")]
+    return comments
+
+
+def is_timed_training_command(words: list[str]) -> bool:
+    """A ``python train.py`` line that runs here: not on a ``*paper.yaml`` config (real data, GPUs)."""
+    return words[:2] == ["python", "train.py"] and not any(w.endswith("paper.yaml") for w in words)
+
+
+def experiment_script(words: list[str]) -> str | None:
+    """``knapsack_rl`` for ``python -m experiments.knapsack_rl ...``; None for any other command."""
+    if words[:2] == ["python", "-m"] and len(words) > 2 and words[2].startswith("experiments."):
+        return words[2].split(".", 1)[1]
+    return None
+
+
+def machine_state() -> dict:
+    return {"cpus": os.cpu_count(), "load_1min": round(os.getloadavg()[0], 2)}
+
+
+def run_timed(words: list[str], cwd: Path, timeout: float) -> dict:
+    """Run ``words`` (``python`` = this interpreter) in ``cwd``; wall seconds, exit status, load before/after."""
+    env = {**os.environ, "WANDB_MODE": os.environ.get("WANDB_MODE", "offline")}
+    command = [sys.executable if words[0] == "python" else words[0], *words[1:]]
+    before = machine_state()
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    wall = time.perf_counter() - start
+    return {"wall_s": wall, "returncode": done.returncode, "cpus": before["cpus"], "load_before": before["load_1min"],
+            "load_after": machine_state()["load_1min"], "tail": (done.stdout + done.stderr)[-2000:]}
+
+
+def measure_commands(smoke: bool, timeout: float) -> dict[str, dict]:
+    """Every documented training command, page by page, each page from its own scratch folder holding links to
+    the repository's configs and ``train.py`` (so ``runs/`` lands in the scratch folder)."""
+    measured = {}
+    for doc in doc_files():
+        commands = [words for words in documented_commands(doc) if is_timed_training_command(words)]
+        if smoke:  # the pipeline in seconds: two commands, parsed and printed, not trained
+            commands = [words + ["--print_config"] for words in commands[:2]]
+        if not commands:
+            continue
+        with tempfile.TemporaryDirectory() as scratch:
+            for name in ("train.py", "configs"):
+                os.symlink(kit.REPO_ROOT / name, Path(scratch) / name)
+            for words in kit.progress(commands, f"{doc} commands"):
+                key = " ".join(words)
+                entry = run_timed(words, Path(scratch), timeout)
+                if entry["returncode"] != 0:
+                    raise RuntimeError(f"{doc}: `{key}` failed (exit {entry['returncode']}):\n{entry['tail']}")
+                measured[key] = {"doc": doc, **{k: v for k, v in entry.items() if k != "tail"}}
+        if smoke:
+            return measured
+    return measured
+
+
+def measure_suite(timeout: float) -> dict[str, dict]:
+    """The README's test line, from the repository root; its last summary line (``N passed, ...``) is kept."""
+    entry = run_timed(shlex.split(TEST_LINE), kit.REPO_ROOT, timeout)
+    lines = [line for line in entry.pop("tail").splitlines() if re.search(r"\d+ (passed|failed)", line)]
+    return {TEST_LINE: {"doc": "README.md", **entry, "summary": lines[-1].strip("= ") if lines else ""}}
+
+
+def experiment_timings(results: Path) -> dict[str, dict]:
+    """``{script: {wall_s, seeds, machine}}`` of every documented experiment script that has a result file."""
+    found = {}
+    for doc in doc_files():
+        for words in documented_commands(doc):
+            script = experiment_script(words)
+            path = results / f"{script}.json"
+            if script and path.is_file():
+                result = json.loads(path.read_text())
+                found[script] = {"doc": doc, "wall_s": result.get("wall_s"), "seeds": result.get("seeds"),
+                                 "machine": result.get("machine")}  # .get: files written before the kit
+    return found
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def render(result: dict) -> str:
+    """The markdown page of ``timings.json`` (the test suite checks that the page equals this rendering)."""
+    commands = {k: v for k, v in result["measured"].items() if k != TEST_LINE}
+    lines = ["# Timings", "", "Generated by `python -m experiments.timings` from `results/timings.json`; do not edit.",
+             "Wall-clock times on a CPU machine. The load average (runnable processes, 1-minute mean) shows how busy "
+             "the machine was: with a load above the core count every job slows down.", "",
+             "## Documented training commands", "",
+             "| command | page | wall | cores | load before / after | measured |", "|---|---|---|---|---|---|"]
+    for command, entry in commands.items():
+        lines.append(f"| `{command}` | {entry['doc']} | {_duration(entry['wall_s'])} | {entry['cpus']} | "
+                     f"{entry['load_before']:.2f} / {entry['load_after']:.2f} | {entry['date']} |")
+    if TEST_LINE in result["measured"]:
+        entry = result["measured"][TEST_LINE]
+        lines += ["", "## The default test suite", "",
+                  "| command | wall | cores | load before / after | result | measured |", "|---|---|---|---|---|---|",
+                  f"| `{TEST_LINE}` | {_duration(entry['wall_s'])} | {entry['cpus']} | {entry['load_before']:.2f} / "
+                  f"{entry['load_after']:.2f} | {entry['summary']} | {entry['date']} |"]
+    lines += ["", "## Experiment scripts", "", "Their own measurement: `wall_s` in `results/<script>.json`.", "",
+              "| script | page | seeds | wall | cores | load at the end |", "|---|---|---|---|---|---|"]
+    for script, entry in result["experiments"].items():
+        machine = entry["machine"] or {}
+        wall = "not recorded" if entry["wall_s"] is None else _duration(entry["wall_s"])
+        lines.append(f"| `python -m experiments.{script}` | {entry['doc']} | {entry['seeds'] or 'not recorded'} | "
+                     f"{wall} | {machine.get('cpus', 'not recorded')} | "
+                     f"{machine.get('load_1min_at_end', 'not recorded')} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = kit.experiment_parser(__doc__.splitlines()[0], seeds=1)
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=["commands"],
+                        help="what to measure now; the other parts keep their entries from <out>/timings.json")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds allowed to one command")
+    args = parser.parse_args(argv)
+    if args.seeds != 1:
+        parser.error("--seeds: each command is timed once (run the script again to compare)")
+    out = Path(args.out)
+    previous = json.loads((out / "timings.json").read_text()) if (out / "timings.json").is_file() else {}
+    start = time.perf_counter()
+    today = datetime.date.today().isoformat()
+    measured = {}
+    if "commands" in args.parts:
+        measured.update({k: {**v, "date": today} for k, v in measure_commands(args.smoke, args.timeout).items()})
+    else:
+        measured.update({k: v for k, v in previous.get("measured", {}).items() if k != TEST_LINE})
+    if "suite" in args.parts and not args.smoke:
+        measured.update({k: {**v, "date": today} for k, v in measure_suite(args.timeout).items()})
+    elif TEST_LINE in previous.get("measured", {}):
+        measured[TEST_LINE] = previous["measured"][TEST_LINE]
+    arms = {command: {"wall_s": {"mean": float(entry["wall_s"]), "std": 0.0}} for command, entry in measured.items()}
+    result = kit.write_result("documented command timings", seeds=1, wall_s=time.perf_counter() - start,
+                              config={"parts": args.parts, "smoke": args.smoke, "docs": list(DOC_FILES)},
+                              arms=arms, per_seed=[{k: v["wall_s"] for k, v in measured.items()}], out=out,
+                              name="timings", measured=measured, experiments=experiment_timings(kit.RESULTS))
+    (out / "timings.md").write_text(render(result))
+    print(render(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
