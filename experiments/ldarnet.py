@@ -26,7 +26,8 @@ both measured with the router after MLM pretraining and after fine-tuning. Note 
 edge windows cover almost the whole motif, so this is close to a "boundaries in motifs" enrichment; the PNG's
 profile (boundary rate by offset from motif starts) shows where exactly the boundaries sit.
 
-Speed part (the ``speed`` key of the JSON; ``--speed-only`` prints just this, ``--no-speed`` leaves it out): the
+Speed part (the ``speed`` key of the JSON; ``--speed-only`` runs just this and writes it in the kit's schema to
+``<out>/ldarnet_speed.json``, ``--no-speed`` leaves it out): the
 pure-PyTorch chunked SSD scan vs the straightforward sequential scan on the same inputs (outputs compared),
 forward and forward+backward, and the tokens/s of a forward+backward of the paper's 2.01M "micro" LDARNet
 (m3t1/[M6]/m3, d 64/128, d_state 128, chunk 256; SwiGLU 384, which gives the paper's 2.01M). Minimum over repeats
@@ -223,16 +224,20 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--finetune-steps", type=int, default=SIZES["finetune_steps"])
     parser.add_argument("--train-size", type=int, default=SIZES["train_size"])
     parser.add_argument("--test-size", type=int, default=SIZES["test_size"])
-    parser.add_argument("--speed-only", action="store_true", help="only the scan / micro-model timing (printed)")
+    parser.add_argument("--speed-only", action="store_true", help="only the scan / micro-model timing (writes <out>/ldarnet_speed.json)")
     parser.add_argument("--no-speed", action="store_true", help="leave out the timing part")
     args = parser.parse_args(argv)
     quiet_single_thread()
     start = time.time()
     speed_sizes = dict(repeats=1, length=64, micro_length=64) if args.smoke else {}
-    if args.speed_only:
+    if args.speed_only:  # <out>/ldarnet_speed.json: one arm per scan / model, its timings as metrics
         speed_result = speed(**speed_sizes)
         print(speed_markdown(speed_result))
-        return {"speed": speed_result}
+        timed = {name: {metric: value for metric, value in block.items() if isinstance(value, (int, float))}
+                 for name, block in speed_result.items() if name != "shape"}
+        return write_result("ldarnet_speed", seeds=1, wall_s=time.time() - start,
+                            config={"shape": speed_result["shape"], "smoke": args.smoke, **speed_sizes},
+                            arms=summarise([timed]), per_seed=[speed_result], out=args.out, name="ldarnet_speed")
     sizes = dict(SMOKE_SIZES) if args.smoke else dict(SIZES, pretrain_steps=args.pretrain_steps,
                                                       finetune_steps=args.finetune_steps,
                                                       train_size=args.train_size, test_size=args.test_size)

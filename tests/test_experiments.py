@@ -112,6 +112,14 @@ def test_smoke_run_writes_the_schema(script, tmp_path, monkeypatch):
         check_schema(data)
 
 
+def test_ldarnet_speed_only_writes_the_schema(tmp_path):
+    from experiments import ldarnet
+
+    result = ldarnet.main(["--speed-only", "--smoke", "--out", str(tmp_path)])
+    check_schema(json.loads((tmp_path / "ldarnet_speed.json").read_text()))
+    assert {"sequential", "chunked_64", "micro_ldarnet"} <= set(result["arms"])
+
+
 # --------------------------------------------------------------------------------------------- the kit
 class _Terminal(io.StringIO):
     def isatty(self) -> bool:
