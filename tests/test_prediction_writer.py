@@ -94,6 +94,21 @@ def check_expression(rows, files, cli):
     assert all(len(line) == len(rows) + 1 for line in table)
 
 
+def check_concepts(rows, files, cli):
+    check_probs(rows, files, _TaskSizes(cli), prefix="task_")
+    k = cli.model.hparams.num_concepts
+    for name in ("concept_probabilities", "concept_uncertainty"):
+        assert [c for c in rows[0] if c.startswith(name)] == _numbered(name, k)
+        assert all(0.0 <= float(row[f"{name}_{j}"]) <= 1.0 for row in rows for j in range(k))
+
+
+class _TaskSizes:
+    """A concept model's task count under the name `check_probs` reads."""
+
+    def __init__(self, cli):
+        self.model = SimpleNamespace(hparams=SimpleNamespace(num_classes=cli.model.hparams.num_tasks))
+
+
 def _each_output(outputs):
     return len(next(iter(outputs.values()))) if isinstance(outputs, dict) else len(outputs)
 
@@ -121,6 +136,7 @@ FAMILIES = {
                             _each_output),
     "ldarnet": ("configs/ldarnet/quick.yaml", NO_INIT, "predictions.csv", check_probs, _each_output),
     "rna_fm": ("configs/rna_fm/quick.yaml", [], "predictions.jsonl", check_expression, _each_output),
+    "concept_models": ("configs/ec_cem/quick.yaml", [], "predictions.csv", check_concepts, _each_output),
 }
 
 
