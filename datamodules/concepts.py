@@ -10,7 +10,7 @@ Datasets
   ``dataset_size`` examples (3000 in the code), split 70 / 10 / 20 % into train / val / test as the code does.
 * ``correlated`` (embedded; the EC-CEM experiment's generator): ``pairs`` pairs of latent Gaussians with
   correlation ``rho`` (pair p = concepts 2p and 2p + 1; independent across pairs), ``c_i = 1[z_i > 0]``,
-  ``x = tanh(W z) + noise * eps`` with a fixed random ``W`` (``input_dim`` x 2 ``pairs``, N(0, 1) entries, drawn
+  ``x = tanh(W z) + noise * eps`` with a fixed random ``W`` (``feature_dim`` x 2 ``pairs``, N(0, 1) entries, drawn
   from the seed) and ``y = c_0 xor c_2``. Conditionally on ``x`` the concepts stay correlated when ``noise`` hides
   part of z: that is what a concept copula can exploit at intervention time.
 * ``cub``: CUB-200-2011 with the concept split of Koh et al. (Concept Bottleneck Models): ``data_dir`` holds
@@ -195,7 +195,7 @@ class ConceptDataModule(LightningDataModule):
         dataset: xor, trig, dot, correlated (embedded) or cub, celeba (local ``data_dir``).
         data_dir: the dataset folder (cub, celeba only).
         dataset_size: examples of a synthetic dataset.
-        pairs / rho / noise / input_dim: the correlated generator (pairs of concepts with latent correlation rho).
+        pairs / rho / noise / feature_dim: the correlated generator (pairs of concepts with latent correlation rho).
         image_size / augment: image datasets (side after resize + centre crop; random flips of training images).
         celeba_concepts / celeba_hidden / celeba_subsample: the CEM paper's CelebA task construction.
         batch_size / num_workers / seed: loaders; ``seed`` also draws the synthetic data and the splits.
@@ -203,14 +203,15 @@ class ConceptDataModule(LightningDataModule):
 
     def __init__(self, dataset: Literal["xor", "trig", "dot", "correlated", "cub", "celeba"] = "xor",
                  data_dir: str | None = None, dataset_size: int = 3000, pairs: int = 3, rho: float = 0.8,
-                 noise: float = 1.0, input_dim: int = 16, image_size: int = 64, augment: bool = False,
+                 noise: float = 1.0, feature_dim: int = 16, image_size: int = 64, augment: bool = False,
                  celeba_concepts: int = 6, celeba_hidden: int = 2, celeba_subsample: int = 12,
                  batch_size: int = 256, num_workers: int = 0, seed: int = 42) -> None:
         super().__init__()
         self.save_hyperparameters()
         if dataset not in DATASETS:
             raise UserInputError(f"dataset={dataset!r} is unknown: choose one of {', '.join(DATASETS)}.")
-        for name, value, low in (("dataset_size", dataset_size, 10), ("pairs", pairs, 1), ("input_dim", input_dim, 1),
+        for name, value, low in (("dataset_size", dataset_size, 10), ("pairs", pairs, 1),
+                                 ("feature_dim", feature_dim, 1),
                                  ("image_size", image_size, 8), ("celeba_concepts", celeba_concepts, 1),
                                  ("celeba_hidden", celeba_hidden, 0), ("celeba_subsample", celeba_subsample, 1),
                                  ("batch_size", batch_size, 1), ("num_workers", num_workers, 0), ("seed", seed, 0)):
@@ -238,7 +239,7 @@ class ConceptDataModule(LightningDataModule):
         else:
             self.num_concepts = 2 * pairs if dataset == "correlated" else (3 if dataset == "trig" else 2)
             self.num_tasks = 2
-            self.input_dim = input_dim if dataset == "correlated" else SYNTHETIC_INPUT_DIM[dataset]
+            self.input_dim = feature_dim if dataset == "correlated" else SYNTHETIC_INPUT_DIM[dataset]
             self.concept_groups = [[i] for i in range(self.num_concepts)]
         self._built = False
 
@@ -256,7 +257,7 @@ class ConceptDataModule(LightningDataModule):
             if self.dataset == "celeba":
                 paths, y, c = self._celeba(gen)
             else:
-                x, c, y = synthetic_data(self.dataset, hp.dataset_size, gen, hp.pairs, hp.rho, hp.noise, hp.input_dim)
+                x, c, y = synthetic_data(self.dataset, hp.dataset_size, gen, hp.pairs, hp.rho, hp.noise, hp.feature_dim)
             order = torch.randperm(len(c), generator=gen)
             n_train, n_val = (int(f * len(c)) for f in SPLIT_FRACTIONS)
             parts = (order[:n_train], order[n_train:n_train + n_val], order[n_train + n_val:])
