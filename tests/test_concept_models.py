@@ -153,9 +153,11 @@ def test_evidential_loss_and_misleading_evidence_kl_on_hand_values():
     torch.testing.assert_close(model.concept_uncertainty(outputs), 2 / (outputs["alpha"] + outputs["beta"]))
 
 
-def test_kl_annealing_ramps_linearly():
-    model = small(EviCEM, annealing_epochs=10)
-    assert model.kl_annealing() == 0.0   # epoch 0 outside a trainer
+@pytest.mark.parametrize(("epochs", "epoch", "weight"), [(10, 0, 0.0), (10, 5, 0.5), (10, 25, 1.0), (0, 0, 1.0)])
+def test_kl_annealing_ramps_linearly(epochs, epoch, weight, monkeypatch):
+    model = small(EviCEM, annealing_epochs=epochs)
+    monkeypatch.setattr(EviCEM, "current_epoch", property(lambda self: epoch))
+    assert model.kl_annealing() == weight
 
 
 @pytest.mark.parametrize("mode", ["batch", "sample"])
@@ -197,6 +199,20 @@ def test_intervention_curve_ends_at_the_true_concept_accuracy_and_uncertainty_or
     assert order.tolist() == [[1, 2, 0], [0, 2, 1]]
     groups = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 1.0]])    # group uncertainty = mean of its concepts
     assert unit_order("uncertainty", uncertainty, groups, torch.Generator()).tolist() == [[0, 1], [0, 1]]
+
+
+@pytest.mark.parametrize("config", ["cem_quick", "evi_cem_quick", "quick"])
+def test_callback_logs_the_curve_and_saves_the_plot_for_every_module(config, tmp_path):
+    cli = run_cli("--config", config_path(f"configs/ec_cem/{config}.yaml"), *QUIET, "--trainer.max_steps=2",
+                  "--trainer.limit_val_batches=0", f"--trainer.default_root_dir={tmp_path}", run=False)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    cli.trainer.test(cli.model, datamodule=cli.datamodule)
+    callback = next(c for c in cli.trainer.callbacks if isinstance(c, ConceptInterventions))
+    assert set(callback.curves) == {"random", "uncertainty"}
+    assert [n for n, _ in callback.curves["random"]] == [0, 1, 2, 3, 4, 5, 6]
+    metrics = cli.trainer.callback_metrics
+    assert metrics["intervention/random_acc@0"].item() == pytest.approx(metrics["test/task_acc"].item(), abs=1e-6)
+    assert callback.plot_path and (tmp_path / "concept_interventions.png").is_file()
 
 
 def test_intervention_groups_out_of_range_are_one_error():
