@@ -90,12 +90,17 @@ def run_timed(words: list[str], cwd: Path, timeout: float) -> dict:
             "load_after": machine_state()["load_1min"], "tail": (done.stdout + done.stderr)[-2000:]}
 
 
-def measure_commands(smoke: bool, timeout: float) -> dict[str, dict]:
-    """Every documented training command, page by page, each page from its own scratch folder holding links to
-    the repository's configs and ``train.py`` (so ``runs/`` lands in the scratch folder)."""
+def documented_training_commands(pages: list[str] | None = None) -> dict[str, list[list[str]]]:
+    """``{page: its timed training commands}`` (all pages, or ``pages``, in page order)."""
+    return {doc: [words for words in documented_commands(doc) if is_timed_training_command(words)]
+            for doc in doc_files() if pages is None or doc in pages}
+
+
+def measure_commands(smoke: bool, timeout: float, pages: list[str] | None = None) -> dict[str, dict]:
+    """Every documented training command of ``pages`` (default: all), page by page, each page from its own scratch
+    folder holding links to the repository's configs and ``train.py`` (so ``runs/`` lands in the scratch folder)."""
     measured = {}
-    for doc in doc_files():
-        commands = [words for words in documented_commands(doc) if is_timed_training_command(words)]
+    for doc, commands in documented_training_commands(pages).items():
         if smoke:  # the pipeline in seconds: two commands, parsed and printed, not trained
             commands = [words + ["--print_config"] for words in commands[:2]]
         if not commands:
@@ -171,23 +176,34 @@ def main(argv: list[str] | None = None) -> dict:
     parser = kit.experiment_parser(__doc__.splitlines()[0], seeds=1)
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=["commands"],
                         help="what to measure now; the other parts keep their entries from <out>/timings.json")
+    parser.add_argument("--pages", nargs="+", default=None,
+                        help="with commands: re-measure only these pages (e.g. docs/ec_cem.md); the others keep "
+                             "their entries from <out>/timings.json")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds allowed to one command")
     args = parser.parse_args(argv)
     if args.seeds != 1:
         parser.error("--seeds: each command is timed once (run the script again to compare)")
+    unknown = sorted(set(args.pages or []) - set(doc_files()))
+    if unknown:
+        parser.error(f"--pages {unknown}: not documentation pages; choose from {doc_files()}")
     out = Path(args.out)
     previous = json.loads((out / "timings.json").read_text()) if (out / "timings.json").is_file() else {}
     start = time.perf_counter()
     today = datetime.date.today().isoformat()
-    measured = {}
+    documented = [" ".join(words) for commands in documented_training_commands().values() for words in commands]
+    kept_pages = set(doc_files()) - set(args.pages or doc_files()) if "commands" in args.parts else set(doc_files())
+    # earlier entries of pages not re-measured now, as long as the docs still show the command
+    measured = {k: v for k, v in previous.get("measured", {}).items()
+                if k != TEST_LINE and k in documented and v["doc"] in kept_pages}
     if "commands" in args.parts:
-        measured.update({k: {**v, "date": today} for k, v in measure_commands(args.smoke, args.timeout).items()})
-    else:
-        measured.update({k: v for k, v in previous.get("measured", {}).items() if k != TEST_LINE})
+        measured.update({k: {**v, "date": today} for k, v in
+                         measure_commands(args.smoke, args.timeout, args.pages).items()})
     if "suite" in args.parts and not args.smoke:
         measured.update({k: {**v, "date": today} for k, v in measure_suite(args.timeout).items()})
     elif TEST_LINE in previous.get("measured", {}):
         measured[TEST_LINE] = previous["measured"][TEST_LINE]
+    order = list(documented) + [TEST_LINE]  # page order, the test suite last
+    measured = dict(sorted(measured.items(), key=lambda item: order.index(item[0]) if item[0] in order else -1))
     arms = {command: {"wall_s": {"mean": float(entry["wall_s"]), "std": 0.0}} for command, entry in measured.items()}
     result = kit.write_result("documented command timings", seeds=1, wall_s=time.perf_counter() - start,
                               config={"parts": args.parts, "smoke": args.smoke, "docs": list(DOC_FILES)},
