@@ -140,3 +140,15 @@ class ConceptData(Protocol):
     input_dim: int | None            # feature size of vector inputs; None for images
     concept_groups: list[list[int]]  # concept indices per group (CUB's 28 attribute groups; singletons elsewhere)
     concept_imbalance: Any           # [k] n_neg / n_pos of the training split (None before setup)
+
+
+# ============================================================================================ offline RL
+@runtime_checkable
+class OfflineRLData(Protocol):
+    """Offline RL transitions (`datamodules.offline_rl.OfflineRLDataModule`; PhyB's dynamics ensemble and actor-critic):
+    batches are dicts obs, act, rew, next_obs, done."""
+
+    obs_dim: int | None
+    action_dim: int | None
+
+    def training_transitions(self) -> dict[str, Tensor]: ...

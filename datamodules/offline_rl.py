@@ -1,0 +1,336 @@
+"""Offline reinforcement-learning data: embedded environments, seeded behaviour datasets and local D4RL/Minari files.
+
+* `CurrencyExchangeEnv`: the CurrencyExchange task of the PhyB/PMDB code re-implemented in numpy with its exact
+  dynamics (state (t, money, price); action in [-1, 1] clipped to [0, 1] = the fraction of the money exchanged;
+  reward = exchanged amount x price; price ``p' = clip(p + 0.05 (1.5 - p) + 0.2 xi, 0, 5)``; start money 100,
+  ``p0 ~ N(1, 0.05)``; terminal when ``t' >= 20`` or ``money' < 0.1``).
+* `PendulumEnv`: gymnasium's ``Pendulum-v1`` re-implemented in numpy (g = 10, m = l = 1, dt = 0.05, max speed 8,
+  max torque 2, 200 steps, reward ``-(angle^2 + 0.1 thdot^2 + 0.001 u^2)``): a few exact lines, so the collection
+  needs no gymnasium dependency. Actions are in [-1, 1] and scaled by 2 (the torque limit).
+* Both are vectorised over episodes (``reset(n, rng)``, ``step(actions)``): no Python loop over episodes.
+* Behaviour datasets, generated deterministically from ``seed`` (and cached per process): ``random`` (uniform
+  actions) and ``medium`` (Pendulum: a noisy energy-pumping swing-up controller, with random actions half of the time;
+  it reaches roughly half of the gap between random and expert returns, a stand-in for D4RL's half-trained SAC).
+* Local files (nothing is downloaded): ``d4rl`` = an HDF5 (``.hdf5``/``.h5``) or NPZ file with the D4RL keys
+  ``observations, actions, rewards, terminals, timeouts[, next_observations]`` read with ``qlearning_dataset``
+  semantics (without ``next_observations`` the next row is the next state and time-out steps are dropped);
+  ``minari`` = a local Minari dataset folder (``data/main_data.hdf5`` with ``episode_*`` groups).
+  Evaluation in MuJoCo needs the optional ``gymnasium[mujoco]``; without it `make_env` raises a clear message.
+
+Batches are dicts ``obs, act, rew, next_obs, done`` (float32; ``done`` = true termination, not a time-out).
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader, Dataset, RandomSampler
+
+from lightning_modules.errors import UserInputError
+
+D4RL_KEYS = ("observations", "actions", "rewards", "terminals", "timeouts")
+SOURCES = ("currency_exchange", "pendulum", "d4rl", "minari")
+
+
+class CurrencyExchangeEnv:
+    """Vectorised CurrencyExchange (the official code's dynamics); states (t, money, price)."""
+
+    obs_dim, action_dim, horizon = 3, 1, 20
+
+    def reset(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        self.rng = rng
+        self.state = np.stack([np.zeros(n), np.full(n, 100.0), rng.normal(1.0, 0.05, n)], axis=1)
+        return self.state.copy()
+
+    def step(self, action: np.ndarray):
+        t, money, price = self.state.T
+        amount = money * np.clip(action[:, 0], 0.0, 1.0)
+        reward = amount * price
+        price_next = np.clip(price + 0.05 * (1.5 - price) + 0.2 * self.rng.standard_normal(len(price)), 0.0, 5.0)
+        self.state = np.stack([t + 1, money - amount, price_next], axis=1)
+        terminal = (t + 1 >= self.horizon) | (money - amount < 0.1)
+        return self.state.copy(), reward, terminal, np.zeros_like(terminal)
+
+
+class PendulumEnv:
+    """Vectorised gymnasium Pendulum-v1 (exact dynamics); observations (cos th, sin th, thdot)."""
+
+    obs_dim, action_dim, horizon = 3, 1, 200
+
+    def reset(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        self.rng, self.t = rng, 0
+        self.th, self.thdot = rng.uniform(-np.pi, np.pi, n), rng.uniform(-1.0, 1.0, n)
+        return self._obs()
+
+    def _obs(self) -> np.ndarray:
+        return np.stack([np.cos(self.th), np.sin(self.th), self.thdot], axis=1)
+
+    def step(self, action: np.ndarray):
+        u = 2.0 * np.clip(action[:, 0], -1.0, 1.0)
+        angle = ((self.th + np.pi) % (2 * np.pi)) - np.pi
+        reward = -(angle ** 2 + 0.1 * self.thdot ** 2 + 0.001 * u ** 2)
+        self.thdot = np.clip(self.thdot + (3 * 10.0 / 2 * np.sin(self.th) + 3.0 * u) * 0.05, -8.0, 8.0)
+        self.th = self.th + self.thdot * 0.05
+        self.t += 1
+        timeout = np.full(len(u), self.t >= self.horizon)
+        return self._obs(), reward, np.zeros(len(u), dtype=bool), timeout
+
+
+ENVS = {"currency_exchange": CurrencyExchangeEnv, "pendulum": PendulumEnv}
+
+
+def behaviour_action(source: str, behaviour: str, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """The behaviour policy's actions in [-1, 1] (vectorised over states)."""
+    n = len(obs)
+    random = rng.uniform(-1.0, 1.0, (n, 1))
+    if behaviour == "random":
+        return random
+    if source != "pendulum":
+        raise UserInputError(f"behaviour='{behaviour}' exists only for source=pendulum; use behaviour=random.")
+    cos, sin, thdot = obs.T
+    angle = np.arctan2(sin, cos)
+    near_top = cos > 0.8
+    energy = 0.5 * thdot ** 2 + 15.0 * cos  # 15 = the energy of resting upright (thdot' = 15 sin th + 3 u)
+    swing = np.sign(thdot + 1e-6) * np.where(energy < 15.0, 1.0, -0.5)  # pump energy up to the upright level
+    balance = np.clip(-(10.0 * angle + 2.0 * thdot) / 2.0, -1.0, 1.0)
+    controller = np.where(near_top, balance, swing) + rng.normal(0.0, 0.3, n)
+    return np.where(rng.random((n, 1)) < 0.5, random, np.clip(controller, -1.0, 1.0)[:, None])
+
+
+@functools.lru_cache(maxsize=8)
+def generate_dataset(source: str, behaviour: str, num_transitions: int, seed: int) -> dict[str, np.ndarray]:
+    """Roll out the behaviour policy in the embedded environment (episodes in parallel) until `num_transitions`."""
+    env = ENVS[source]()
+    rng = np.random.default_rng(seed)
+    rows, returns, total = [], [], 0
+    while total < num_transitions:  # batches of parallel episodes (episodes may end early)
+        episodes = -(-(num_transitions - total) // env.horizon)
+        obs = env.reset(episodes, rng)
+        alive = np.ones(episodes, dtype=bool)
+        episode_return = np.zeros(episodes)
+        for _ in range(env.horizon):  # a loop over time steps; every episode advances at once
+            act = behaviour_action(source, behaviour, obs, rng)
+            next_obs, rew, term, timeout = env.step(act)
+            rows.append((obs[alive], act[alive], rew[alive], next_obs[alive], term[alive]))
+            total += int(alive.sum())
+            episode_return += np.where(alive, rew, 0.0)
+            alive &= ~term & ~timeout
+            obs = next_obs
+            if not alive.any():
+                break
+        returns.append(episode_return)
+    data = {key: np.concatenate(part).astype(np.float32)[:num_transitions] for key, part in
+            zip(("obs", "act", "rew", "next_obs", "done"), zip(*rows))}
+    data["behaviour_return"] = np.array(np.concatenate(returns).mean(), dtype=np.float32)
+    return data
+
+
+def _check(data: dict[str, np.ndarray], path: str) -> dict[str, np.ndarray]:
+    n = len(data["obs"])
+    for key, value in data.items():
+        if len(value) != n:
+            raise UserInputError(f"{path}: '{key}' has {len(value)} rows but observations have {n}; "
+                                 "every array must have one row per transition.")
+        if not np.isfinite(value).all():
+            raise UserInputError(f"{path}: '{key}' contains NaN or infinite values; clean the dataset first.")
+    if n == 0:
+        raise UserInputError(f"{path}: the dataset holds no transitions.")
+    data["act"] = data["act"].reshape(n, -1)
+    return data
+
+
+def qlearning_arrays(raw: dict[str, np.ndarray], path: str) -> dict[str, np.ndarray]:
+    """D4RL arrays -> transitions with ``d4rl.qlearning_dataset`` semantics."""
+    missing = [key for key in D4RL_KEYS if key not in raw]
+    if missing:
+        raise UserInputError(f"{path} lacks the D4RL key(s) {missing}; expected {list(D4RL_KEYS)} "
+                             "(and optionally next_observations).")
+    n = len(raw["observations"])
+    for key in (*D4RL_KEYS, "next_observations"):
+        if key in raw and len(raw[key]) != n:
+            raise UserInputError(f"{path}: '{key}' has {len(raw[key])} rows but observations have {n}.")
+    obs, terminals = raw["observations"], raw["terminals"].astype(bool)
+    if "next_observations" in raw:
+        keep = np.ones(n, dtype=bool)
+        next_obs = raw["next_observations"]
+    else:  # the next row is the next state; the last step of a timed-out episode has no successor
+        keep = ~raw["timeouts"].astype(bool)
+        keep[-1] = False
+        next_obs = np.concatenate([obs[1:], obs[-1:]])
+    data = {"obs": obs[keep], "act": raw["actions"][keep], "rew": raw["rewards"][keep].reshape(-1),
+            "next_obs": next_obs[keep], "done": terminals[keep]}
+    return _check({k: np.asarray(v, dtype=np.float32) for k, v in data.items()}, path)
+
+
+def _h5py():
+    try:
+        import h5py
+    except ImportError:
+        raise UserInputError("reading HDF5 datasets needs h5py: `pip install h5py` (or convert the file to .npz).") \
+            from None
+    return h5py
+
+
+def load_d4rl_file(path: str) -> dict[str, np.ndarray]:
+    """A D4RL-style ``.hdf5``/``.h5`` or ``.npz`` file."""
+    if not os.path.isfile(path):
+        raise UserInputError(f"data_path '{path}' does not exist; give a D4RL .hdf5/.h5 or .npz file.")
+    if path.endswith(".npz"):
+        with np.load(path) as f:
+            raw = {key: f[key] for key in f.files}
+    elif path.endswith((".hdf5", ".h5")):
+        with _h5py().File(path, "r") as f:
+            raw = {key: f[key][()] for key in f.keys() if not isinstance(f[key], _h5py().Group)}
+    else:
+        raise UserInputError(f"data_path '{path}': unknown extension; expected .hdf5, .h5 or .npz.")
+    return qlearning_arrays(raw, path)
+
+
+def load_minari_folder(path: str) -> dict[str, np.ndarray]:
+    """A local Minari dataset folder: ``data/main_data.hdf5`` with ``episode_<i>`` groups holding ``observations``
+    (T + 1 rows), ``actions``, ``rewards``, ``terminations``, ``truncations`` (T rows)."""
+    file = os.path.join(path, "data", "main_data.hdf5")
+    if not os.path.isfile(file):
+        raise UserInputError(f"'{path}' is not a Minari dataset folder: {file} is missing.")
+    parts = []
+    with _h5py().File(file, "r") as f:
+        episodes = sorted((k for k in f.keys() if k.startswith("episode_")), key=lambda k: int(k.split("_")[1]))
+        if not episodes:
+            raise UserInputError(f"{file} holds no episode_<i> groups.")
+        for name in episodes:  # one read per stored episode group
+            group = f[name]
+            missing = [k for k in ("observations", "actions", "rewards", "terminations") if k not in group]
+            if missing:
+                raise UserInputError(f"{file}/{name} lacks {missing}.")
+            obs = group["observations"][()]
+            steps = len(group["actions"])
+            if len(obs) != steps + 1:
+                raise UserInputError(f"{file}/{name}: {len(obs)} observations for {steps} actions "
+                                     "(Minari stores T + 1 observations).")
+            parts.append({"obs": obs[:-1], "act": group["actions"][()], "rew": group["rewards"][()],
+                          "next_obs": obs[1:], "done": group["terminations"][()]})
+    data = {k: np.concatenate([p[k] for p in parts]).astype(np.float32) for k in parts[0]}
+    return _check(data, file)
+
+
+class TransitionDataset(Dataset):
+    def __init__(self, data: dict[str, torch.Tensor]) -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data["obs"])
+
+    def __getitem__(self, i):
+        return {key: value[i] for key, value in self.data.items()}
+
+
+class OfflineRLDataModule(LightningDataModule):
+    """Offline RL transitions for the dynamics ensemble and the offline actor-critic.
+
+    Args:
+        source: ``currency_exchange`` | ``pendulum`` (embedded, generated) | ``d4rl`` (a local file) | ``minari``.
+        behaviour: the embedded behaviour policy, ``random`` or ``medium`` (Pendulum only).
+        num_transitions: size of a generated dataset.
+        data_path: the local file (``d4rl``) or folder (``minari``).
+        env_id: gymnasium id for evaluating a file-based dataset (e.g. ``Hopper-v4``; needs gymnasium[mujoco]).
+        ref_min_return, ref_max_return: D4RL reference returns (random, expert) for the normalised score.
+        val_fraction: held-out transitions (dynamics validation MSE, critic TD error).
+        batch_size: transitions per batch; ``steps_per_epoch`` batches are drawn with replacement per epoch.
+        seed: data generation and split seed.
+    """
+
+    def __init__(self, source: str = "currency_exchange", behaviour: str = "random", num_transitions: int = 20000,
+                 data_path: str | None = None, env_id: str | None = None, ref_min_return: float | None = None,
+                 ref_max_return: float | None = None, val_fraction: float = 0.1, batch_size: int = 256,
+                 steps_per_epoch: int = 100, seed: int = 0) -> None:
+        super().__init__()
+        if source not in SOURCES:
+            raise UserInputError(f"source='{source}' is unknown; choose one of {SOURCES}.")
+        if behaviour not in ("random", "medium"):
+            raise UserInputError(f"behaviour='{behaviour}' is unknown; choose random or medium.")
+        if source in ("d4rl", "minari") and not data_path:
+            raise UserInputError(f"source={source} reads a local dataset: set data.init_args.data_path.")
+        if not 0.0 < val_fraction < 1.0:
+            raise UserInputError(f"val_fraction={val_fraction} must lie in (0, 1).")
+        self.save_hyperparameters()
+        self.obs_dim: int | None = ENVS[source].obs_dim if source in ENVS else None
+        self.action_dim: int | None = ENVS[source].action_dim if source in ENVS else None
+        self.splits: dict[str, dict[str, torch.Tensor]] | None = None
+        self.behaviour_return: float | None = None
+
+    def load(self) -> dict[str, np.ndarray]:
+        h = self.hparams
+        if h.source in ENVS:
+            data = dict(generate_dataset(h.source, h.behaviour, h.num_transitions, h.seed))
+            self.behaviour_return = float(data.pop("behaviour_return"))
+            return data
+        return load_d4rl_file(h.data_path) if h.source == "d4rl" else load_minari_folder(h.data_path)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.splits is not None:
+            return
+        data = self.load()
+        n = len(data["obs"])
+        self.obs_dim, self.action_dim = data["obs"].shape[1], data["act"].shape[1]
+        order = np.random.default_rng(self.hparams.seed + 1).permutation(n)
+        n_val = max(1, int(round(n * self.hparams.val_fraction)))
+        tensors = {key: torch.from_numpy(np.ascontiguousarray(value)) for key, value in data.items()}
+        self.splits = {"train": {k: v[order[n_val:]] for k, v in tensors.items()},
+                       "val": {k: v[order[:n_val]] for k, v in tensors.items()}}
+
+    def training_transitions(self) -> dict[str, torch.Tensor]:
+        """The whole training split (normalisation statistics of the dynamics ensemble come from it)."""
+        self.setup("fit")
+        return self.splits["train"]
+
+    def train_dataloader(self) -> DataLoader:
+        dataset = TransitionDataset(self.training_transitions())
+        sampler = RandomSampler(dataset, replacement=True,
+                                num_samples=self.hparams.steps_per_epoch * self.hparams.batch_size)
+        return DataLoader(dataset, batch_size=self.hparams.batch_size, sampler=sampler, drop_last=True)
+
+    def val_dataloader(self) -> DataLoader:
+        self.setup("validate")
+        return DataLoader(TransitionDataset(self.splits["val"]), batch_size=max(self.hparams.batch_size, 1024))
+
+    def predict_dataloader(self) -> DataLoader:
+        return self.val_dataloader()
+
+    def make_env(self):
+        """A vectorised evaluation environment (``reset(n, rng)``, ``step(actions)``)."""
+        h = self.hparams
+        if h.source in ENVS:
+            return ENVS[h.source]()
+        if not h.env_id:
+            raise UserInputError("evaluating a file dataset needs data.init_args.env_id (e.g. Hopper-v4).")
+        return GymnasiumEnv(h.env_id)
+
+
+class GymnasiumEnv:
+    """An optional gymnasium environment (MuJoCo tasks) behind the vectorised interface (episodes run in sequence
+    inside gymnasium's own vector env)."""
+
+    def __init__(self, env_id: str) -> None:
+        try:
+            import gymnasium
+        except ImportError:
+            raise UserInputError(f"evaluating in {env_id} needs gymnasium with MuJoCo: "
+                                 "`pip install 'gymnasium[mujoco]'` (the embedded environments need nothing).") \
+                from None
+        self.gymnasium, self.env_id = gymnasium, env_id
+        probe = gymnasium.make(env_id)
+        self.obs_dim, self.action_dim = probe.observation_space.shape[0], probe.action_space.shape[0]
+        self.horizon = probe.spec.max_episode_steps or 1000
+        self.high = probe.action_space.high
+
+    def reset(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        self.envs = self.gymnasium.vector.SyncVectorEnv([lambda: self.gymnasium.make(self.env_id)] * n)
+        obs, _ = self.envs.reset(seed=int(rng.integers(2 ** 31)))
+        return obs
+
+    def step(self, action: np.ndarray):
+        obs, reward, terminated, truncated, _ = self.envs.step(action * self.high)
+        return obs, reward, terminated, truncated
