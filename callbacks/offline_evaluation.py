@@ -63,11 +63,12 @@ class OfflineEvaluation(Callback):
         datamodule = trainer.datamodule
         if not hasattr(datamodule, "make_env") or not hasattr(pl_module, "act"):
             raise UserInputError("OfflineEvaluation needs an OfflineRLDataModule and an OfflineModelBasedRL module.")
-        self.env = datamodule.make_env()
 
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.sanity_checking:
             return
+        if self.env is None:  # built here, after the module has checked its data
+            self.env = trainer.datamodule.make_env()
         result = evaluate(pl_module, self.env, self.episodes, self.seed, self.deterministic)
         pl_module.log("eval/return", result["return"])
         pl_module.log("eval/q_overestimation", result["q_overestimation"])

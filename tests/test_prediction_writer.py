@@ -137,6 +137,10 @@ FAMILIES = {
     "ldarnet": ("configs/ldarnet/quick.yaml", NO_INIT, "predictions.csv", check_probs, _each_output),
     "rna_fm": ("configs/rna_fm/quick.yaml", [], "predictions.jsonl", check_expression, _each_output),
     "concept_models": ("configs/ec_cem/quick.yaml", [], "predictions.csv", check_concepts, _each_output),
+    "dynamics_ensemble": ("configs/phyb/ensemble_quick.yaml", [], "predictions.csv",
+                          check_columns("next_obs", lambda cli: cli.model.hparams.obs_dim), _each_output),
+    "offline_rl": ("configs/phyb/quick.yaml", None, "predictions.csv",
+                   check_columns("action", lambda cli: cli.model.hparams.action_dim), _each_output),
 }
 
 
