@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--transitions", type=int, default=20000, help="behaviour transitions per dataset")
     parser.add_argument("--ensemble-epochs", type=int, default=5)
     parser.add_argument("--ensemble-steps", type=int, default=60, help="ensemble batches per epoch")
-    parser.add_argument("--steps", type=int, default=300, help="actor-critic training steps per arm")
+    parser.add_argument("--steps", type=int, default=500, help="actor-critic training steps per arm")
     parser.add_argument("--episodes", type=int, default=20, help="real-environment evaluation episodes")
     args = parser.parse_args(argv)
     if args.smoke:
