@@ -231,7 +231,10 @@ class DynamicsEnsemble(PaperModule):
         self.val_count += error.shape[1]
 
     def on_validation_epoch_end(self) -> None:
-        mse = self.val_sq_error / self.val_count.clamp_min(1)
+        # every process's shard: the same elites on every rank under DDP
+        sq_error = self.trainer.strategy.reduce(self.val_sq_error, reduce_op="sum")
+        count = self.trainer.strategy.reduce(self.val_count, reduce_op="sum")
+        mse = sq_error / count.clamp_min(1)
         elites = mse.argsort()[:self.hparams.num_elites]
         if not self.trainer.sanity_checking:
             self.ensemble.elite_mask.zero_()

@@ -43,6 +43,7 @@ import copy
 import math
 
 import torch
+import torchmetrics
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 
@@ -183,6 +184,7 @@ class OfflineModelBasedRL(PaperModule):
         self.reference = copy.deepcopy(self.actor).requires_grad_(False)
         self.critic = TwinQ(obs_dim, action_dim, hidden_dim, hidden_layers)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.val_td_error = torchmetrics.MeanMetric()  # over every validation transition: exact under DDP
         # the model replay buffer and the rollout states: module state, so checkpoints carry them
         self.register_buffer("buffer_obs", torch.zeros(model_buffer_size, obs_dim))
         self.register_buffer("buffer_act", torch.zeros(model_buffer_size, action_dim))
@@ -356,8 +358,9 @@ class OfflineModelBasedRL(PaperModule):
                        "train/belief_max_weight": rollout["weights"].max(-1).values.mean()}, prog_bar=False)
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        td = (self.q_min(self.critic, batch["obs"], batch["act"]) - self.real_target(batch)).square().mean()
-        self.log("val/td_error", td, prog_bar=True)
+        error = self.q_min(self.critic, batch["obs"], batch["act"]) - self.real_target(batch)
+        self.val_td_error.update(error.square())
+        self.log("val/td_error", self.val_td_error, prog_bar=True)
 
     def predict_step(self, batch: dict[str, Tensor], batch_idx: int = 0) -> dict[str, Tensor]:
         """The deterministic action tanh(mean) and its Q as a return (Q / reward_scale)."""

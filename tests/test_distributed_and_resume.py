@@ -127,6 +127,8 @@ DDP_FAMILIES = {
     "cem": ("configs/ec_cem/cem_quick.yaml", [], ()),
     "evi_cem": ("configs/ec_cem/evi_cem_quick.yaml", [], ()),
     "ec_cem": ("configs/ec_cem/quick.yaml", [], ()),
+    "dynamics_ensemble": ("configs/phyb/ensemble_quick.yaml", [], ()),
+    "phyb": ("configs/phyb/quick.yaml", [], ()),
 }
 KNOWN_DDP_DEFECTS: dict[str, str] = {}  # family -> reason (a strict xfail); none known today
 SHORT_FIT = ["--trainer.max_epochs=1", "--trainer.max_steps=-1", "--trainer.limit_train_batches=2",
