@@ -315,7 +315,8 @@ class CEM(PaperModule):
         out = self.concept_outputs(x)
         logits = self.task_logits(out, out["probs"])
         terms = self.concept_losses(out, c.float())
-        metrics["loss"](self.hparams.task_loss_weight * F.cross_entropy(logits, y) + sum(terms.values()))
+        # a batch's mean weighted by its size: the mean over every example, also when DDP shards the batches unevenly
+        metrics["loss"](self.hparams.task_loss_weight * F.cross_entropy(logits, y) + sum(terms.values()), len(y))
         metrics["task_acc"](logits, y)
         flat_p, flat_c = out["probs"].flatten(), c.flatten().long()
         for name in ("concept_acc", "concept_auroc", "concept_ece"):
