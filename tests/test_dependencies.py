@@ -19,7 +19,8 @@ PACKAGES = ("lightning_modules", "datamodules", "callbacks", "experiments")
 LOCAL = {"train", *PACKAGES}
 # Optional packages the collection uses when present and never declares (each import is guarded).
 UNDECLARED_OPTIONAL = {"recbole": "experiments/recbole_parity.py compares against it when installed",
-                       "mamba_ssm": "BiMamba-2's fused CUDA kernel, used when it imports"}
+                       "mamba_ssm": "BiMamba-2's fused CUDA kernel, used when it imports",
+                       "gymnasium": "PhyB's evaluation in MuJoCo tasks (D4RL); the embedded environments are numpy"}
 # Declared packages that the code reaches through another library, not through an import of its own:
 # (file, text that must appear there) shows the use.
 USED_THROUGH_LIBRARIES = {"jsonargparse": ("train.py", "LightningCLI"),
