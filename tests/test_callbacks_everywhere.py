@@ -22,6 +22,10 @@ from test_coverage import collection_classes
 QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 
 PAPER_SPECIFIC = {
+    "ConceptInterventions": "test-time concept interventions of the concept models (needs their concept_outputs / "
+                            "intervene hooks); configs/ec_cem/*quick.yaml and tests/test_concept_models.py run it",
+    "OfflineEvaluation": "runs an offline-RL policy in its real environment after validation (needs the policy's act "
+                         "and the data's environment); configs/phyb/quick.yaml and tests/test_phyb.py run it",
     "RSIRSelfImprovement": "one round of RSIR's data loop for sequential recommenders (reloads the best "
                            "checkpoint and generates sequences at the end of fit); configs/rsir/*quick.yaml and "
                            "tests/test_rsir.py run it",
