@@ -41,25 +41,23 @@ def doc_files(root: Path = kit.REPO_ROOT) -> list[str]:
     return ["README.md"] + sorted(str(p.relative_to(root)) for p in (root / "docs").glob("*.md"))
 
 
+def _fenced_lines(doc: str, root: Path) -> list[str]:
+    """The lines of the fenced code blocks of ``doc``, line continuations joined."""
+    blocks = re.findall(r"^```[^\n]*\n(.*?)^```", (root / doc).read_text(), flags=re.S | re.M)
+    return [line for block in blocks for line in re.sub(r"\\\n\s*", " ", block).splitlines()]
+
+
 def documented_commands(doc: str, root: Path = kit.REPO_ROOT) -> list[list[str]]:
     """The shell commands (as words) of the fenced code blocks of ``doc``, in order: line continuations joined,
     ``&&`` chains split, comments dropped."""
-    commands = []
-    for block in re.findall(r"^```[^\n]*\n(.*?)^```", (root / doc).read_text(), flags=re.S | re.M):
-        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
-            for part in line.split("&&"):
-                if part.split()[:1] and part.split()[0] in ("python", "wandb", "pip", "icml26", "bash", "sh"):
-                    commands.append(shlex.split(part, comments=True))
-    return commands
+    return [shlex.split(part, comments=True) for line in _fenced_lines(doc, root) for part in line.split("&&")
+            if part.split()[:1] and part.split()[0] in ("python", "wandb", "pip", "icml26", "bash", "sh")]
 
 
 def documented_comments(doc: str, root: Path = kit.REPO_ROOT) -> list[str]:
     """The ``# ...`` comments on the command lines of the fenced blocks of ``doc``."""
-    comments = []
-    for block in re.findall(r"^```[^\n]*\n(.*?)^```", (root / doc).read_text(), flags=re.S | re.M):
-        comments += [line.split("#", 1)[1].strip() for line in re.sub(r"\\\n\s*", " ", block).splitlines()
-                     if "#" in line and not line.lstrip().startswith("#")]
-    return comments
+    return [line.split("#", 1)[1].strip() for line in _fenced_lines(doc, root)
+            if "#" in line and not line.lstrip().startswith("#")]
 
 
 def is_timed_training_command(words: list[str]) -> bool:
