@@ -22,6 +22,8 @@ from test_coverage import collection_classes
 QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 
 PAPER_SPECIFIC = {
+    "LayerProbing": "per-layer linear probes of an audio encoder's hidden states (needs the module's layer_states and "
+                    "the data's per-clip attributes); configs/pclm/pretrain_quick.yaml and tests/test_pclm.py run it",
     "ConceptInterventions": "test-time concept interventions of the concept models (needs their concept_outputs / "
                             "intervene hooks); configs/ec_cem/*quick.yaml and tests/test_concept_models.py run it",
     "OfflineEvaluation": "runs an offline-RL policy in its real environment after validation (needs the policy's act "

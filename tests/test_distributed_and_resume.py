@@ -129,6 +129,9 @@ DDP_FAMILIES = {
     "ec_cem": ("configs/ec_cem/quick.yaml", [], ()),
     "dynamics_ensemble": ("configs/phyb/ensemble_quick.yaml", [], ()),
     "phyb": ("configs/phyb/quick.yaml", [], (r"val/td_error",)),  # V(s') samples candidate actions per process
+    "speech_content_pretraining": ("configs/pclm/pretrain_quick.yaml", [], ()),
+    "audio_language_model": ("configs/pclm/quick.yaml", [], ()),
+    "audio_dpo": ("configs/pclm/dpo_quick.yaml", [], ()),
 }
 KNOWN_DDP_DEFECTS: dict[str, str] = {}  # family -> reason (a strict xfail); none known today
 SHORT_FIT = ["--trainer.max_epochs=1", "--trainer.max_steps=-1", "--trainer.limit_train_batches=2",
