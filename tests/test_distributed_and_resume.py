@@ -132,6 +132,8 @@ DDP_FAMILIES = {
     "speech_content_pretraining": ("configs/pclm/pretrain_quick.yaml", [], ()),
     "audio_language_model": ("configs/pclm/quick.yaml", [], ()),
     "audio_dpo": ("configs/pclm/dpo_quick.yaml", [], ()),
+    "toy_mllm": ("configs/hide/toy_mllm_quick.yaml", [], ()),
+    "hide": ("configs/hide/quick.yaml", [], ()),
 }
 KNOWN_DDP_DEFECTS: dict[str, str] = {}  # family -> reason (a strict xfail); none known today
 SHORT_FIT = ["--trainer.max_epochs=1", "--trainer.max_steps=-1", "--trainer.limit_train_batches=2",
