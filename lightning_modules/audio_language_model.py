@@ -210,7 +210,7 @@ class HFWhisperEncoder(nn.Module):
         features, frames = self.front_end(waveform, lengths)
         if features.shape[1] > self.frames:
             raise UserInputError(f"HFWhisperEncoder: a clip has {features.shape[1]} frames; the encoder takes at "
-                                 f"most {self.frames} (30 s). Cut the audio.")
+                                 f"most {self.frames} frames (30 s for Whisper). Cut the audio.")
         features = F.pad(features, (0, 0, 0, self.frames - features.shape[1])).transpose(1, 2)
         out = self.model(features, output_hidden_states=True)
         states = list(out.hidden_states)

@@ -1,0 +1,323 @@
+"""VoxParadox / PCLM (arXiv 2605.27772): the DPO loss and negatives, Acc_GT / ALA, padding masks, projector
+cloning, the mixer, the loaders and their errors, espeak-ng synthesis, the probes, and the CLI chain
+pretrain -> SFT -> PCLM (two stages) -> DPO from checkpoints."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import wave
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import config_path, run_cli
+from datamodules.paralinguistic_speech import (ParalinguisticSpeechDataModule, collate_spoken_questions,
+                                               espeak_binary, generate_items, read_question_file, read_wav,
+                                               synthesise)
+from lightning_modules.audio_dpo import AudioDPO, dpo_loss, pick_negatives
+from lightning_modules.audio_language_model import (AudioLanguageModel, HFWhisperEncoder, MixingWeights,
+                                                    OptionAgreement, SpeechEncoder, TinyAudioLM, masked_pool)
+from lightning_modules.errors import UserInputError
+
+needs_espeak = pytest.mark.skipif(espeak_binary() is None, reason="espeak-ng is not installed (apt-get install "
+                                  "espeak-ng; .ci/run installs it when absent)")
+QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+
+
+def tiny_model(pclm: bool = False, layers=(1, 2), parts=None, cls=AudioLanguageModel, **kwargs):
+    torch.manual_seed(0)
+    encoder = SpeechEncoder(num_layers=3, width=16, num_heads=2, n_mels=20, hop_length=320)
+    lm = TinyAudioLM(vocab_size=40, num_layers=1, width=16, num_heads=2, context_length=128)
+    return cls(encoder, lm, pclm=pclm, pclm_layers=list(layers), projector_hidden=16, mixer_hidden=8,
+               train_parts=parts, **kwargs)
+
+
+def fake_batch(lengths=(8000, 12000), seed=0) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    examples = []
+    for i, n in enumerate(lengths):
+        examples.append({"waveform": 0.1 * torch.randn(n, generator=gen), "prompt": torch.tensor([5, 6, 7][:2 + i]),
+                         "options": torch.tensor([10, 11, 12, 13]), "label": i % 4, "adv_label": (i + 1) % 4,
+                         "task": i % 4, "attributes": torch.tensor([0, 1, 0, 1]), "content": i})
+    return collate_spoken_questions(examples)
+
+
+# ============================================================================================ the paper's math
+def test_dpo_loss_matches_a_hand_computed_value():
+    # margin = 0.1 * ((-0.2 + 0.5) - (-1.5 + 1.0)) = 0.08; loss = log(1 + exp(-0.08))
+    loss, margin = dpo_loss(torch.tensor([-0.2]), torch.tensor([-1.5]), torch.tensor([-0.5]), torch.tensor([-1.0]),
+                            beta=0.1)
+    assert margin.item() == pytest.approx(0.08)
+    assert loss.item() == pytest.approx(math.log(1 + math.exp(-0.08)), abs=1e-6)
+    # equal policy and reference: loss log 2 whatever the log-probabilities
+    same, _ = dpo_loss(torch.tensor([-3.0, -0.1]), torch.tensor([-0.2, -4.0]), torch.tensor([-3.0, -0.1]),
+                       torch.tensor([-0.2, -4.0]), beta=0.1)
+    assert same.item() == pytest.approx(math.log(2))
+
+
+def test_negatives_random_are_wrong_and_valid_and_adversarial_use_the_transcript_option():
+    label = torch.tensor([0, 1, 2, 3, 0])
+    adv = torch.tensor([1, 1, 0, -1, 3])          # second: transcript agrees with the truth; fourth: neutral text
+    valid = torch.ones(5, 4, dtype=torch.bool)
+    valid[4, 2:] = False                          # the last question has 2 options
+    for _ in range(20):
+        rejected, used = pick_negatives(label, adv, valid, "random")
+        assert not used.any() and (rejected != label).all() and valid[torch.arange(5), rejected].all()
+    rejected, used = pick_negatives(label, adv, valid, "adversarial")
+    assert used.tolist() == [True, False, True, False, True]
+    assert rejected[[0, 2, 4]].tolist() == [1, 0, 3] and (rejected != label).all()
+    with pytest.raises(UserInputError, match="wrong option"):
+        pick_negatives(torch.tensor([0]), torch.tensor([-1]), torch.tensor([[True, False]]), "random")
+
+
+def test_acc_gt_and_ala_per_task_match_the_direct_formula():
+    metric = OptionAgreement(["pitch", "speed"])
+    prediction = torch.tensor([0, 1, 2, 0, 1, 3])
+    target = torch.tensor([0, 2, 2, 1, -1, 3])    # -1: no such label (not counted)
+    task = torch.tensor([0, 0, 1, 1, 1, 0])
+    metric.update(prediction[:3], target[:3], task[:3])
+    metric.update(prediction[3:], target[3:], task[3:])
+    values = metric.compute()
+    # pitch: items 0, 1, 5 -> 2/3 correct; speed: items 2, 3 (4 skipped) -> 1/2; all: 3/5
+    assert values["pitch"].item() == pytest.approx(2 / 3)
+    assert values["speed"].item() == pytest.approx(1 / 2)
+    assert values["all"].item() == pytest.approx(3 / 5)
+    weights = MixingWeights(2, 3)
+    weights.update(torch.tensor([[0.2, 0.3, 0.5], [0.4, 0.1, 0.5], [1.0, 0.0, 0.0]]), torch.tensor([0, 0, 1]))
+    torch.testing.assert_close(weights.compute(), torch.tensor([[0.3, 0.2, 0.5], [1.0, 0.0, 0.0]]))
+
+
+def test_masked_pool_ignores_padding_positions():
+    states = torch.arange(12.0).view(1, 6, 2)
+    mask = torch.tensor([[True, True, True, False, False, False]])
+    pooled, pooled_mask = masked_pool(states, mask, 2)
+    # pairs (0,1) -> mean of rows 0,1; (2,3) -> row 2 only; (4,5) -> empty
+    torch.testing.assert_close(pooled[0, :2], torch.tensor([[1.0, 2.0], [4.0, 5.0]]))
+    assert pooled_mask.tolist() == [[True, True, False]]
+
+
+def test_padding_does_not_change_the_answer():
+    model = tiny_model(pclm=True).eval()
+    batch = fake_batch()
+    junk = batch["waveform"].clone()
+    junk[0, 8000:] = 5.0                                  # whatever sits in the padding of the short clip
+    with torch.no_grad():
+        clean = model.option_logprobs(batch)[0]
+        noisy = model.option_logprobs({**batch, "waveform": junk})[0]
+        alone = model.option_logprobs(fake_batch(lengths=(8000,)))[0]
+    torch.testing.assert_close(clean, noisy)
+    torch.testing.assert_close(clean[0], alone[0], atol=1e-5, rtol=1e-5)
+
+
+def test_pclm_mixer_starts_uniform_and_alpha_is_a_distribution_per_prompt():
+    model = tiny_model(pclm=True, layers=(0, 1, 2))
+    assert model.layers == [0, 1, 2, 3]
+    batch = fake_batch()
+    alpha = model.mixing_weights(batch["prompt"], batch["prompt_mask"])
+    torch.testing.assert_close(alpha, torch.full((2, 4), 0.25))
+    torch.nn.init.normal_(model.mixer[-1].weight)
+    alpha = model.mixing_weights(batch["prompt"], batch["prompt_mask"])
+    torch.testing.assert_close(alpha.sum(-1), torch.ones(2))
+    assert not torch.allclose(alpha[0], alpha[1])          # different prompts, different weights
+
+
+def test_pclm_projectors_are_cloned_from_the_sft_projector(tmp_path):
+    sft = tiny_model(pclm=False)
+    torch.nn.init.normal_(sft.projector[0].weight)         # a "trained" final projector
+    path = tmp_path / "sft.ckpt"
+    torch.save({"state_dict": sft.state_dict()}, path)
+    pclm = tiny_model(pclm=True, layers=(1, 2), parts=["projector", "mixer"], init_from=str(path))
+    report = pclm.load_initial_weights()
+    assert sorted(report["cloned_projectors"]) == ["1", "2"]
+    for projector in pclm.layer_projectors.values():
+        for ours, theirs in zip(projector.parameters(), sft.projector.parameters()):
+            assert torch.equal(ours, theirs)
+    # stage 1: encoder and LM frozen, projectors and mixer train
+    trainable = {n.split(".")[0] for n, p in pclm.named_parameters() if p.requires_grad}
+    assert trainable == {"projector", "layer_projectors", "mixer"}
+
+
+def test_dpo_reference_is_the_loaded_policy_and_frozen(tmp_path):
+    pclm = tiny_model(pclm=True)
+    torch.nn.init.normal_(pclm.language_model.head.weight)
+    path = tmp_path / "pclm.ckpt"
+    torch.save({"state_dict": pclm.state_dict()}, path)
+    dpo = tiny_model(pclm=True, cls=AudioDPO, init_from=str(path))
+    dpo.load_initial_weights()
+    assert torch.equal(dpo.reference_language_model.head.weight, pclm.language_model.head.weight)
+    assert not any(p.requires_grad for p in dpo.reference_language_model.parameters())
+    assert {n.split(".")[0] for n, p in dpo.named_parameters() if p.requires_grad} == {"language_model"}
+    batch = fake_batch()
+    torch.testing.assert_close(dpo.reference_logprobs(batch), dpo.option_logprobs(batch)[0])
+
+
+def test_whisper_encoder_from_a_transformers_config_exposes_every_layer():
+    encoder = HFWhisperEncoder(config={"d_model": 16, "encoder_layers": 2, "encoder_attention_heads": 2,
+                                       "encoder_ffn_dim": 32, "max_source_positions": 50}, n_mels=20)
+    states, mask = encoder(torch.randn(2, 15000), torch.tensor([15000, 8000]))
+    assert len(states) == 3 and states[-1].shape == (2, 50, 16)
+    assert mask.sum(1).tolist() == [47, 26]          # frames n // 160 + 1 = 94, 51; stride 2 -> 47, 26
+    with pytest.raises(UserInputError, match="at most 100 frames"):
+        encoder(torch.randn(1, 16000), torch.tensor([16000]))
+
+
+# ============================================================================================ errors
+def test_a_layer_beyond_the_encoder_depth_is_one_clear_error():
+    with pytest.raises(UserInputError, match="beyond the encoder's depth"):
+        tiny_model(pclm=True, layers=(1, 7))
+
+
+def test_a_prompt_without_options_is_one_clear_error(tmp_path):
+    model = tiny_model()
+    batch = fake_batch()
+    batch["options"][1] = -1
+    with pytest.raises(UserInputError, match="no options"):
+        model.option_logprobs(batch)
+    _write_wav(tmp_path / "a.wav")
+    (tmp_path / "train.jsonl").write_text(json.dumps({"audio": "a.wav", "question": "q", "options": [],
+                                                      "label": "x"}) + "\n")
+    with pytest.raises(UserInputError, match="line 1: the question has no options"):
+        read_question_file(str(tmp_path / "train.jsonl"), str(tmp_path), "jsonl")
+
+
+def _write_wav(path, rate=16000, seconds=0.5, channels=1):
+    samples = (np.sin(np.arange(int(rate * seconds)) * 0.05) * 8000).astype(np.int16)
+    with wave.open(str(path), "wb") as handle:
+        handle.setnchannels(channels)
+        handle.setsampwidth(2)
+        handle.setframerate(rate)
+        handle.writeframes(np.repeat(samples, channels).tobytes())
+
+
+def test_audio_errors_wrong_rate_missing_and_unreadable(tmp_path):
+    _write_wav(tmp_path / "44k.wav", rate=44100)
+    with pytest.raises(UserInputError, match="44100 Hz but the model expects 16000 Hz"):
+        read_wav(str(tmp_path / "44k.wav"))
+    with pytest.raises(UserInputError, match="does not exist"):
+        read_wav(str(tmp_path / "nope.wav"))
+    (tmp_path / "bad.wav").write_bytes(b"not a wav at all")
+    with pytest.raises(UserInputError, match="not a readable PCM wav"):
+        read_wav(str(tmp_path / "bad.wav"))
+    _write_wav(tmp_path / "stereo.wav", channels=2)
+    assert read_wav(str(tmp_path / "stereo.wav")).shape == (8000,)
+
+
+def test_a_label_not_among_the_options_is_one_clear_error(tmp_path):
+    _write_wav(tmp_path / "a.wav")
+    (tmp_path / "test.jsonl").write_text(json.dumps({"audio": "a.wav", "question": "how fast",
+                                                     "options": ["slow", "fast"], "label": "medium"}) + "\n")
+    with pytest.raises(UserInputError, match="label='medium' is not among the options"):
+        read_question_file(str(tmp_path / "test.jsonl"), str(tmp_path), "jsonl")
+
+
+@pytest.mark.parametrize("layout", ["jsonl", "voxparadox"])
+def test_loaders_read_both_layouts(tmp_path, layout):
+    for name in ("a", "b"):
+        _write_wav(tmp_path / f"{name}.wav")
+    for split in ("train", "val", "test"):
+        if layout == "jsonl":
+            rows = [{"audio": "a.wav", "question": "how fast is it", "options": ["slow", "fast"], "label": "fast",
+                     "task": "speed"},
+                    {"audio": "b.wav", "question": "what pitch", "options": ["low", "high"], "label": "A"}]
+        else:
+            rows = [{"task": "speed", "audio": "a.wav", "question": "how fast is it",
+                     "options": {"A": "slow", "B": "fast"}, "true_label": "B", "adversarial_label": "slow"},
+                    {"task": "pitch", "audio": "b.wav", "question": "what pitch", "options": ["low", "high"],
+                     "true_label": "low", "adversarial_label": "high"}]
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = ParalinguisticSpeechDataModule(data_dir=str(tmp_path), data_format=layout, batch_size=2)
+    data.setup("fit")
+    batch = next(iter(data.test_dataloader()))
+    assert batch["label"].tolist() == [1, 0]
+    assert batch["adv_label"].tolist() == ([-1, -1] if layout == "jsonl" else [0, 1])
+    assert batch["waveform"].shape == (2, 8000) and (batch["attributes"] == -1).all()
+    model = tiny_model()
+    assert model.option_logprobs(batch)[0].shape == (2, 2)
+
+
+# ============================================================================================ embedded data
+def test_generated_questions_are_deterministic_and_the_test_split_is_adversarial():
+    a = generate_items(200, 3, 0.85, 0.0, ("pitch", "speed", "gender", "volume"))
+    assert a == generate_items(200, 3, 0.85, 0.0, ("pitch", "speed", "gender", "volume"))
+    kinds = [r["kind"] for r in a]
+    assert 0.75 < kinds.count("congruent") / 200 < 0.95 and "incongruent" not in kinds
+    for r in a:
+        assert r["options"][r["label"]] == r["attributes"][r["task"]] and len(set(r["options"])) == 4
+    adversarial = generate_items(100, 3, 0.0, 1.0, ("pitch", "speed"))
+    assert all(r["adv_label"] >= 0 and r["adv_label"] != r["label"] for r in adversarial)
+    assert {r["task"] for r in adversarial} == {"pitch", "speed"}
+
+
+@needs_espeak
+def test_synthesis_is_cached_deterministic_and_controls_the_acoustics(tmp_path):
+    slow = synthesise("i am talking really fast right now", "low", "slow", "male", "quiet", str(tmp_path))
+    assert len(os.listdir(tmp_path)) == 1
+    again = synthesise("i am talking really fast right now", "low", "slow", "male", "quiet", str(tmp_path))
+    assert np.array_equal(slow, again) and slow.dtype == np.float32
+    fast = synthesise("i am talking really fast right now", "low", "fast", "male", "quiet", str(tmp_path))
+    loud = synthesise("i am talking really fast right now", "low", "slow", "male", "loud", str(tmp_path))
+    assert len(fast) < 0.7 * len(slow)                      # 230 vs 110 words per minute
+    assert np.abs(loud).mean() > 3 * np.abs(slow).mean()    # amplitude 180 vs 25
+    assert len(os.listdir(tmp_path)) == 3
+
+
+# ============================================================================================ probes
+def test_layer_probes_find_the_attribute_where_it_is_and_not_where_it_is_not():
+    from callbacks.layer_probing import LayerProbing
+
+    class Planted(torch.nn.Module):
+        def layer_states(self, batch):
+            attribute = batch["attributes"][:, :1].float()
+            informative = attribute[:, None, :].expand(-1, 3, 4) + 0.1 * torch.randn(len(attribute), 3, 4)
+            noise = torch.randn(len(attribute), 3, 4)
+            return [informative, noise], torch.ones(len(attribute), 3, dtype=torch.bool)
+
+        @property
+        def device(self):
+            return torch.device("cpu")
+
+    torch.manual_seed(0)
+
+    def loader():
+        for _ in range(4):
+            yield {"attributes": torch.randint(0, 2, (32, 4)), "content": torch.randint(0, 3, (32,))}
+
+    results = LayerProbing(attributes=["pitch", "speed", "gender", "volume"]).probe(Planted(), loader(), loader())
+    assert results["pitch"][0] == 1.0 and results["pitch"][1] < 0.75
+    assert results["speed"][0] < 0.75                       # column 0 is planted, not column 1
+
+
+# ============================================================================================ the CLI chain
+@needs_espeak
+@pytest.mark.slow
+def test_the_cli_chain_pretrain_sft_pclm_dpo_runs_from_checkpoints(tmp_path):
+    small = ["--data.init_args.num_train=32", "--data.init_args.num_val=16", "--data.init_args.num_test=16",
+             "--trainer.max_steps=2", "--trainer.max_epochs=1", "--trainer.limit_val_batches=1", *QUIET]
+
+    def fit(config, name, *extra):
+        cli = run_cli("fit", "--config", config_path(config), f"--trainer.default_root_dir={tmp_path / name}",
+                      *small, *extra)
+        path = str(tmp_path / f"{name}.ckpt")
+        cli.trainer.save_checkpoint(path)
+        return cli, path
+
+    _, pretrain = fit("configs/pclm/pretrain_quick.yaml", "pretrain")
+    sft_cli, sft = fit("configs/pclm/sft_quick.yaml", "sft", f"--model.init_args.init_from={pretrain}")
+    assert sft_cli.model.init_from_report["loaded"][0].startswith("encoder.")
+    stage1_cli, stage1 = fit("configs/pclm/quick.yaml", "stage1", f"--model.init_args.init_from={sft}")
+    assert sorted(stage1_cli.model.init_from_report["cloned_projectors"]) == ["1", "3", "5"]
+    stage2_cli, stage2 = fit("configs/pclm/quick.yaml", "stage2", f"--model.init_args.init_from={stage1}",
+                             "--model.init_args.train_parts=[projector,mixer,language_model]")
+    assert stage2_cli.model.init_from_report["cloned_projectors"] == []
+    dpo_cli, _ = fit("configs/pclm/dpo_quick.yaml", "dpo", f"--model.init_args.init_from={stage2}",
+                     "--model.init_args.negatives=adversarial")
+    before = torch.load(stage2, weights_only=True)["state_dict"]
+    after = dpo_cli.model.state_dict()
+    assert torch.equal(after["reference_language_model.head.weight"], before["language_model.head.weight"])
+    assert not torch.equal(after["language_model.head.weight"], before["language_model.head.weight"])
+    assert torch.equal(after["mixer.0.weight"], before["mixer.0.weight"])       # frozen in DPO
+    tested = run_cli("test", "--config", config_path("configs/pclm/dpo_quick.yaml"), *small,
+                     f"--ckpt_path={tmp_path / 'dpo.ckpt'}")
+    assert {"test/acc_gt", "test/ala", "test/acc_gt/pitch"} <= set(tested.trainer.callback_metrics)
