@@ -104,7 +104,8 @@ def mel_filter_bank(sample_rate: int, n_fft: int, n_mels: int) -> np.ndarray:
 
 class LogMel(nn.Module):
     """Waveform [B, T] (16 kHz) -> log10-mel features [B, frames, n_mels] and frame counts (no learnable weights;
-    no per-utterance normalisation, so loudness stays visible)."""
+    no per-utterance normalisation, so loudness stays visible). Frames are the windows that lie inside the clip
+    (no centre padding), features of padding frames are 0, so a clip's features do not depend on its batch."""
 
     def __init__(self, sample_rate: int = 16_000, n_fft: int = 400, hop_length: int = 160, n_mels: int = 80) -> None:
         super().__init__()
@@ -116,11 +117,14 @@ class LogMel(nn.Module):
     def forward(self, waveform: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         real = torch.arange(waveform.shape[1], device=waveform.device)[None] < lengths.to(waveform.device)[:, None]
         waveform = waveform * real                                      # padding never leaks into real frames
+        if waveform.shape[1] < self.n_fft:
+            waveform = F.pad(waveform, (0, self.n_fft - waveform.shape[1]))
         spec = torch.stft(waveform, self.n_fft, self.hop_length, window=self.window, return_complex=True,
-                          center=True).abs().pow(2)                     # [B, F, frames]
+                          center=False).abs().pow(2)                    # [B, F, frames]: windows inside the clip
         mel = torch.einsum("bft,fm->btm", spec, self.filters)
-        frames = lengths // self.hop_length + 1
-        return (torch.log10(mel.clamp(min=1e-8)) + 4.0) / 4.0, frames
+        frames = ((lengths.to(waveform.device) - self.n_fft).clamp(min=0) // self.hop_length + 1)
+        real_frames = torch.arange(mel.shape[1], device=mel.device)[None] < frames[:, None]
+        return (torch.log10(mel.clamp(min=1e-8)) + 4.0) / 4.0 * real_frames[..., None], frames
 
 
 def _sinusoids(length: int, width: int) -> torch.Tensor:
@@ -159,7 +163,8 @@ class SpeechEncoder(nn.Module):
 
     def forward(self, waveform: torch.Tensor, lengths: torch.Tensor):
         features, frames = self.front_end(waveform, lengths)
-        x = F.gelu(self.conv1(features.transpose(1, 2)))
+        real_frames = torch.arange(features.shape[1], device=features.device)[None] < frames[:, None]
+        x = F.gelu(self.conv1(features.transpose(1, 2))) * real_frames[:, None]   # padding stays exactly zero
         x = F.gelu(self.conv2(x)).transpose(1, 2)                        # [B, T', width]
         if x.shape[1] > self.max_positions:
             raise UserInputError(f"SpeechEncoder: a clip gives {x.shape[1]} positions but max_positions="

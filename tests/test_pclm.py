@@ -158,9 +158,9 @@ def test_whisper_encoder_from_a_transformers_config_exposes_every_layer():
                                        "encoder_ffn_dim": 32, "max_source_positions": 50}, n_mels=20)
     states, mask = encoder(torch.randn(2, 15000), torch.tensor([15000, 8000]))
     assert len(states) == 3 and states[-1].shape == (2, 50, 16)
-    assert mask.sum(1).tolist() == [47, 26]          # frames n // 160 + 1 = 94, 51; stride 2 -> 47, 26
+    assert mask.sum(1).tolist() == [46, 24]          # frames (n - 400) // 160 + 1 = 91, 48; stride 2 -> 46, 24
     with pytest.raises(UserInputError, match="at most 100 frames"):
-        encoder(torch.randn(1, 16000), torch.tensor([16000]))
+        encoder(torch.randn(1, 17000), torch.tensor([17000]))
 
 
 # ============================================================================================ errors
