@@ -359,7 +359,8 @@ class VerifiableTaskDataModule(LightningDataModule):
         batch_size: prompts per RL step (M); ``eval_batch_size``: prompts per validation batch.
         train_split: ``rl`` (prompt batches) or ``sft`` (supervised batches of the warm-up stage).
         sft_batch_size: sequences per SFT step.
-        train_pool_size, test_pool_size, digit_tiers: the embedded pools (stratified by max #digits).
+        train_pool_size, test_pool_size, digit_tiers: the embedded pools (stratified by max #digits; a tier
+            listed k times gets k shares, e.g. ``[2, 2, 3]``: two thirds 2-digit sums).
         sft_num_examples, sft_max_digits, sft_extra_digits, sft_extra_fraction: the embedded SFT split.
         tokenizer_path: local transformers folder whose tokenizer to use (default: a character tokenizer).
         use_chat_template: render chat-list prompts with that tokenizer's chat template.

@@ -42,6 +42,9 @@ def add_rlvr_arguments(parser: argparse.ArgumentParser, steps: int, batch: int =
     parser.add_argument("--pool", type=int, default=256, help="RL pool size (stratified over the tiers)")
     parser.add_argument("--test-pool", type=int, default=256)
     parser.add_argument("--tiers", type=int, nargs="+", default=[2, 3, 4])
+    parser.add_argument("--tier-shares", type=int, nargs="+", default=None,
+                        help="pool share of each tier, in sorted --tiers order (e.g. 6 1 1: three quarters of the "
+                             "RL and test pools from the first tier); default: equal shares")
     parser.add_argument("--sft-steps", type=int, default=3000)
     parser.add_argument("--sft-batch", type=int, default=64)
     parser.add_argument("--sft-lr", type=float, default=3e-3)
@@ -58,6 +61,17 @@ def apply_smoke(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
+def pool_tiers(args: argparse.Namespace) -> list[int]:
+    """The datamodule's ``digit_tiers`` list: each tier repeated by its share (the pools are stratified over the
+    list's entries, so a tier listed k times gets k shares of the RL and test pools)."""
+    tiers = sorted(args.tiers)
+    if args.tier_shares is None:
+        return tiers
+    if len(args.tier_shares) != len(tiers) or min(args.tier_shares) < 1:
+        raise SystemExit(f"--tier-shares {args.tier_shares}: give one positive integer per tier {tiers}")
+    return [t for t, share in zip(tiers, args.tier_shares) for _ in range(share)]
+
+
 def settings(args: argparse.Namespace) -> dict:
     """The run's settings for the JSON's ``config`` (everything but the output folder)."""
     return {k: v for k, v in vars(args).items() if k != "out"}
@@ -68,7 +82,7 @@ def data_overrides(args, seed: int, batch: int | None = None) -> list[str]:
     tiers = sorted(args.tiers)
     return [f"--data.init_args.batch_size={batch or args.batch}", "--data.init_args.eval_batch_size=128",
             f"--data.init_args.sft_batch_size={args.sft_batch}", f"--data.init_args.train_pool_size={args.pool}",
-            f"--data.init_args.test_pool_size={args.test_pool}", f"--data.init_args.digit_tiers={tiers}",
+            f"--data.init_args.test_pool_size={args.test_pool}", f"--data.init_args.digit_tiers={pool_tiers(args)}",
             f"--data.init_args.sft_num_examples={max(20_000, args.sft_steps * args.sft_batch)}",
             f"--data.init_args.sft_max_digits={max(1, tiers[-1] - 2)}",
             f"--data.init_args.sft_extra_digits={tiers[-1] - 1}",
@@ -93,6 +107,8 @@ def warm_up(args, seed: int) -> dict:
     key_settings = dict(seed=seed, steps=args.sft_steps, batch=args.sft_batch, lr=args.sft_lr, pool=args.pool,
                         test_pool=args.test_pool, tiers=sorted(args.tiers), model="TinyGPT-default",
                         extra_fraction=args.sft_extra_fraction)
+    if args.tier_shares is not None:  # the SFT split excludes the pools, so their mix is part of the key
+        key_settings["tier_shares"] = list(args.tier_shares)
     # the key also covers the code that determines the warm-up, so an edited recipe never reads a stale cache
     sources = b"".join(Path(module.__file__).read_bytes() for module in (sft_module, tiny_gpt, verifiable_tasks))
     key_settings["code"] = hashlib.sha1(sources + Path(__file__).read_bytes()).hexdigest()

@@ -85,7 +85,8 @@ LR = 2e-3  # AdamW, OneCycle max lr (quick.yaml: constant 1e-3)
 MODEL_KEYS = ("num_train_timesteps", "sampling_steps", "condition_sampling_steps", "prediction_type",
               "signal_hidden_dim", "signal_depth", "logit_hidden_dim", "logit_depth", "feature_dim",
               "feature_hidden_dim", "time_dim", "coupling_iterations", "alternating_iterations", "nested_block_size",
-              "nested_refresh_every", "nested_refresh_from", "validate_sampling")
+              "nested_refresh_every", "nested_refresh_from", "validate_sampling", "signal_denoiser",
+              "unet_base_channels", "unet_channel_mults")
 
 
 def _fit(model, data, callbacks=(), **limits) -> None:
@@ -159,8 +160,8 @@ def train_classifier(seed: int, folder: Path, epochs: int) -> str:
     return str(path)
 
 
-def train_coupled(strategy: str, level: float, seed: int, classifier: str,
-                  steps: int) -> tuple[CoupledDiffusion, CorruptedImageDataModule, dict[str, float]]:
+def train_coupled(strategy: str, level: float, seed: int, classifier: str, steps: int,
+                  signal_denoiser: str = "mlp") -> tuple[CoupledDiffusion, CorruptedImageDataModule, dict[str, float]]:
     """quick.yaml's CoupledDiffusion with this strategy and level, `steps` optimiser steps, EMA weights swapped in;
     returns it with its datamodule and its training compute (steps, network calls per step, wall times)."""
     schedule = {"class_path": "torch.optim.lr_scheduler.OneCycleLR",
@@ -170,6 +171,7 @@ def train_coupled(strategy: str, level: float, seed: int, classifier: str,
         COUPLED_CONFIG, f"--seed_everything={seed}", f"--model.init_args.strategy={strategy}",
         f"--model.init_args.init_from={classifier}", "--model.init_args.init_from_trusted=true",
         f"--model.init_args.optimizer.init_args.lr={LR}", f"--model.init_args.lr_scheduler={json.dumps(schedule)}",
+        f"--model.init_args.signal_denoiser={signal_denoiser}",
         *(f"--model.init_args.{key}={value if isinstance(value, str) else json.dumps(value)}"
           for key, value in MODEL_OVERRIDES.items()),
         f"--data.init_args.corruption_level={level}", f"--data.init_args.seed={seed}")
@@ -196,7 +198,8 @@ def _accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
     return (logits.argmax(-1) == labels).float().mean().item()
 
 
-def run(seeds: int, levels: list[float], steps: int, classifier_epochs: int) -> tuple[list[dict], dict]:
+def run(seeds: int, levels: list[float], steps: int, classifier_epochs: int,
+        signal_denoiser: str = "mlp") -> tuple[list[dict], dict]:
     """(per_seed: one ``{"<arm> (p=<level>)": metrics}`` per seed, the model settings used)."""
     per_seed, model_settings = [], {}
     with tempfile.TemporaryDirectory() as folder:
@@ -206,7 +209,8 @@ def run(seeds: int, levels: list[float], steps: int, classifier_epochs: int) -> 
             for level in kit.progress(levels, f"seed {seed} levels"):
                 t0 = time.perf_counter()
                 trained = {name: train_coupled(strategy, level, seed, classifier,
-                                               steps * (COMPUTE_FACTOR if name == "enhanced_3x" else 1))
+                                               steps * (COMPUTE_FACTOR if name == "enhanced_3x" else 1),
+                                               signal_denoiser)
                            for name, strategy in kit.progress(STRATEGY.items(), f"p={level} training")}
                 models = {name: model for name, (model, _, _) in trained.items()}
                 model_settings = {key: models["parallel"].hparams[key] for key in MODEL_KEYS}
@@ -302,13 +306,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--levels", type=float, nargs="+", default=[0.3, 0.6])
     parser.add_argument("--steps", type=int, default=1000, help="optimiser steps per diffusion model")
     parser.add_argument("--classifier-epochs", type=int, default=30)
+    parser.add_argument("--signal-denoiser", choices=("mlp", "unet"), default="mlp",
+                        help="the enhancer eps_x of every diffusion arm (the module's UNet: base 32 channels, "
+                             "mults 1, 2; the image enters by channel concatenation)")
+    parser.add_argument("--name", default="coupled_diffusion", help="name of the JSON and PNG in --out")
     args = parser.parse_args(argv)
     if args.smoke:  # the pipeline in seconds
         args.levels, args.steps, args.classifier_epochs = args.levels[:1], 5, 1
     kit.quiet_single_thread()
     logging.getLogger("lightning_modules").setLevel(logging.ERROR)  # init_from reports
     start = time.perf_counter()
-    per_seed, model_settings = run(args.seeds, args.levels, args.steps, args.classifier_epochs)
+    per_seed, model_settings = run(args.seeds, args.levels, args.steps, args.classifier_epochs, args.signal_denoiser)
     arms = kit.summarise(per_seed)
     wall = time.perf_counter() - start
     print(table(arms, args.levels))
@@ -319,10 +327,11 @@ def main(argv: list[str] | None = None) -> dict:
     config = {"classifier_config": CLASSIFIER_CONFIG, "coupled_config": COUPLED_CONFIG, "levels": args.levels,
               "corruption": "pixel_replacement", "steps": args.steps, "classifier_epochs": args.classifier_epochs,
               "lr": LR, "model_overrides": MODEL_OVERRIDES, "model": model_settings, "samplers": SAMPLERS,
-              "enhanced_3x_steps": args.steps * COMPUTE_FACTOR, "smoke": args.smoke}
+              "enhanced_3x_steps": args.steps * COMPUTE_FACTOR, "signal_denoiser": args.signal_denoiser,
+              "smoke": args.smoke}
     result = kit.write_result(PAPER, seeds=args.seeds, wall_s=wall, config=config, arms=arms, per_seed=per_seed,
-                              out=args.out, name="coupled_diffusion")
-    plot(arms, args.levels, Path(args.out) / "coupled_diffusion.png")
+                              out=args.out, name=args.name)
+    plot(arms, args.levels, Path(args.out) / f"{args.name}.png")
     return result
 
 

@@ -75,6 +75,7 @@ def plot(path: Path, curves: dict[str, list[list[dict]]], arms: dict) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = rlvr.add_rlvr_arguments(experiment_parser(__doc__.splitlines()[0], seeds=2), steps=48, batch=16)
+    parser.add_argument("--name", default="dars", help="name of the JSON and PNG in --out")
     args = parser.parse_args(argv)
     if args.smoke:
         rlvr.apply_smoke(args)
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> dict:
     start = time.perf_counter()
     per_seed: list[dict[str, dict[str, float]]] = []
     curves: dict[str, list[list[dict]]] = {arm: [] for arm in ARMS}
-    matched_n = []
+    matched_n, hard_share, stage1_hard_share = [], [], []
     steps_per_epoch = -(-args.pool // args.batch)
     epochs = max(1, args.steps // steps_per_epoch)
     for seed in progress(range(args.seeds), "seeds"):
@@ -91,7 +92,10 @@ def main(argv: list[str] | None = None) -> dict:
         sft_policy.load_state_dict(state)
         ids, tier, p = rlvr.pool_difficulty(args, sft_policy, dm, seed)
         hard = {int(i) for i, q in zip(ids.tolist(), p.tolist()) if q < 0.1}
-        print(f"seed {seed}: hard prompts {len(hard)} / {len(ids)}", flush=True)
+        hard_share.append(len(hard) / len(ids))
+        stage1_hard_share.append(float((p < 0.5).float().mean()))  # what DARS' stage 1 (a < 0.5) would call hard
+        print(f"seed {seed}: hard prompts {len(hard)} / {len(ids)}; SFT p < 0.5: {stage1_hard_share[-1]:.2f}",
+              flush=True)
         results = {}
         for arm in progress(ARMS, f"seed {seed} arms"):
             batch = None
@@ -131,20 +135,22 @@ def main(argv: list[str] | None = None) -> dict:
     claim = {"target": "DARS-HW positive rollouts on hard prompts >= 2 x compute-matched uniform",
              "ratio_mean": float(np.mean(ratios)), "ratio_per_seed": ratios,
              "dars_et_ratio_mean": float(np.mean(ratios_et)), "matched_n": matched_n,
+             "hard_share_of_pool": hard_share, "sft_p_below_half_share_of_pool": stage1_hard_share,
              "held": bool(np.mean(ratios) >= 2.0)}
     keys_train = ["rollouts_total", "rollout_cost_vs_uniform", "hard_positives_total", "hard_positives_vs_uniform",
-                  "eff_ratio_response_2nd_half"]
+                  "hard_positives_per_visit", "eff_ratio_response_2nd_half"]
     wall = time.perf_counter() - start
     print(f"\n## {PAPER}\n\nscale: {args.seeds} seeds, {epochs * steps_per_epoch} steps x {args.batch} prompts, "
-          f"N = {args.rollouts}, pool {args.pool}, tiers {sorted(args.tiers)}, SFT {args.sft_steps} steps; "
+          f"N = {args.rollouts}, pool {args.pool}, tiers {sorted(args.tiers)} (shares "
+          f"{args.tier_shares or 'equal'}; hard share {np.mean(hard_share):.2f}), SFT {args.sft_steps} steps; "
           f"compute-matched uniform N per seed {matched_n}; wall {wall:.0f}s\n")
     print(markdown_table(arms, keys_train) + "\n\n" + markdown_table(arms, rlvr.eval_keys(args)))
     print(f"\nclaim: {claim['target']}: ratio {claim['ratio_mean']:.2f} (per seed "
           f"{', '.join(f'{r:.2f}' for r in ratios)}; DARS-ET {claim['dars_et_ratio_mean']:.2f}) -> "
           f"{'HELD' if claim['held'] else 'NOT HELD'}")
-    result = write_result("dars", seeds=args.seeds, wall_s=wall, config=rlvr.settings(args), arms=arms,
+    result = write_result("dars", name=args.name, seeds=args.seeds, wall_s=wall, config=rlvr.settings(args), arms=arms,
                           per_seed=per_seed, out=args.out, claim=claim)
-    plot(Path(args.out) / "dars.png", curves, arms)
+    plot(Path(args.out) / f"{args.name}.png", curves, arms)
     return result
 
 
