@@ -195,7 +195,7 @@ class ToyMLLMBackbone(nn.Module):
         seq = self._sequence(images, question, None)
         _, probs, offsets = self.forward_sequences([seq], capture_layer=layer)
         rows = probs[0, offsets[0] + seq["text_start"]:]                    # [T, S]
-        maps = [rows[:, offsets[0] + a:offsets[0] + b].reshape(len(rows), g, g).cpu().numpy()
+        maps = [rows[:, offsets[0] + a:offsets[0] + b].reshape(len(rows), g, g).float().cpu().numpy()
                 for a, b, g in seq["spans"]]
         words = [VOCABULARY[i] for i in seq["text_ids"].tolist()]
         wanted = set(entities)
