@@ -1,0 +1,675 @@
+"""Causal-inference queries for the CauSciBench agents: seeded synthetic designs with known effects, real queries
+re-derived from datasets shipped in the ``causaldata`` package, and the benchmark's own query files.
+
+Paper: "CauSciBench: Can LLMs Automate Causal Inference in Real-World Scientific Research?" (ICML 2026, PMLR v306;
+repository github.com/causalNLP/CauSciBench). A query is a natural-language question about a data file, with a
+reference method, the variables by role and a reference effect. Here a query is a plain dict::
+
+    {"name", "source" ("synthetic" | "real" | "benchmark"), "design", "query", "description", "method"
+     (closed label), "effect" (reference), "roles" {treatment, outcome, controls, instrument, running, cutoff,
+     time, group, mediator}, "data" (pandas DataFrame), "columns", "reference" (how the effect was obtained),
+     "features" (float32 tensor of `query_features`)}
+
+Sources (``test_source`` of `CausalQueryDataModule`; training and validation queries are always synthetic):
+
+* ``synthetic``: one seeded generator per design (`DESIGNS`), after the formulas of the CAIS generators
+  (github.com/causalNLP/causal-agent, ``auto_causal/synthetic/generator.py``): RCT, observational (confounded by
+  covariates), IV (confounded by an unobserved U), encouragement IV (binary instrument and treatment; U kept so
+  that the design is confounded, the CAIS variant drops it), sharp RDD (different slopes on each side), canonical
+  2x2 DiD, staggered DiD (TWFE), front-door (unobserved confounder of treatment and outcome). Effects are drawn
+  per query; the text (question and data description) comes from templates with a few wordings per design over
+  four domains, so that the method must be read from the description (the benchmark's texts were written by an
+  LLM; ours are templates).
+* ``real``: `REAL_QUERIES`, queries of the benchmark (or textbook analyses of the same data) re-derived from
+  ``causaldata`` datasets; the reference effect is recomputed by the reference method at load time (the
+  benchmark's own value and why ours may differ are in each entry's ``reference`` text).
+* ``benchmark``: the benchmark's query file in ``data_dir`` (``queries_file``: its JSON layout, e.g.
+  ``data/json/real_data.json`` with bare ``NaN`` for missing fields, or the CSV layout of
+  ``data/synthetic_info.csv``) and the data files it names (looked up under ``data_dir`` by path, then by file
+  name). The benchmark has no cutoff field: a sharp RDD's cutoff is inferred from the treatment column (the
+  smallest running value on the treated side), else 0; a ``cutoff`` field wins when present.
+
+Method labels are normalised to the closed set of `METHOD_LABELS` (the same set as
+`lightning_modules.causal_estimators.METHODS`; a test keeps them equal); an unknown label is an error.
+
+`query_features` (the learned method selector's input) sees only the question, the description and the data
+file (column names and simple structure), never the roles or the reference method.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import zlib
+from pathlib import Path
+
+import numpy as np
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_modules.errors import UserInputError
+
+METHOD_LABELS = ("ols", "regression_adjustment", "matching", "ipw", "did", "iv", "rdd", "frontdoor", "glm")
+_SYNONYMS = {
+    "ols": "ols", "linear regression": "ols", "regression": "ols", "rct": "ols", "difference in means": "ols",
+    "diff in means": "ols", "randomized controlled trial": "ols",
+    "regression adjustment": "regression_adjustment", "outcome regression": "regression_adjustment",
+    "backdoor adjustment": "regression_adjustment",
+    "matching": "matching", "propensity score matching": "matching", "psm": "matching", "observational": "matching",
+    "ipw": "ipw", "inverse probability weighting": "ipw", "propensity score weighting": "ipw",
+    "did": "did", "diff in diff": "did", "difference in differences": "did", "did canonical": "did",
+    "did twfe": "did", "twfe": "did", "two way fixed effects": "did",
+    "iv": "iv", "iv 2sls": "iv", "2sls": "iv", "instrumental variable": "iv", "instrumental variables": "iv",
+    "iv encouragement": "iv",
+    "rdd": "rdd", "regression discontinuity": "rdd", "regression discontinuity design": "rdd", "sharp rdd": "rdd",
+    "frontdoor": "frontdoor", "front door": "frontdoor", "front door adjustment": "frontdoor",
+    "glm": "glm", "logistic regression": "glm", "logit": "glm", "probit": "glm", "poisson regression": "glm",
+}
+_SYNONYMS.update({m.replace("_", " "): m for m in METHOD_LABELS})
+DESIGNS = ("rct", "observational", "iv", "iv_encouragement", "rdd", "did_canonical", "did_twfe", "frontdoor")
+DESIGN_METHOD = {"rct": "ols", "observational": "matching", "iv": "iv", "iv_encouragement": "iv", "rdd": "rdd",
+                 "did_canonical": "did", "did_twfe": "did", "frontdoor": "frontdoor"}
+ROLE_KEYS = ("treatment", "outcome", "controls", "instrument", "running", "cutoff", "time", "group", "mediator")
+
+
+def normalise_method(raw, where: str = "") -> str:
+    """The closed label of a raw method label; `UserInputError` naming ``where`` (file, query) if unknown."""
+    key = re.sub(r"[\s_\-]+", " ", str(raw).strip().lower()).strip()
+    if key not in _SYNONYMS:
+        raise UserInputError(f"{where}unknown method label {raw!r}; use one of {list(METHOD_LABELS)} or a synonym "
+                             f"({sorted(_SYNONYMS)}).")
+    return _SYNONYMS[key]
+
+
+def _roles(**given) -> dict:
+    roles = {key: None for key in ROLE_KEYS}
+    roles["controls"] = []
+    roles.update(given)
+    return roles
+
+
+# ============================================================================================ synthetic designs
+THEMES = {
+    "health": dict(treatment=["new_drug", "vaccinated", "treated"], outcome=["recovery_days", "health_index"],
+                   covariates=["age", "bmi", "income", "smoker", "chronic"], instrument=["clinic_distance",
+                   "drug_supply"], encouragement=["reminder_sent", "invited"], running=["risk_score", "test_value"],
+                   mediator=["adherence", "dose_taken"], group=["hospital", "county"], time=["year", "quarter"],
+                   subject="patients", t_text="receiving the treatment", y_text="patient health outcomes"),
+    "education": dict(treatment=["tutoring", "small_class", "scholarship"], outcome=["test_score", "graduated_gpa"],
+                      covariates=["parent_income", "prior_score", "female", "age", "urban"],
+                      instrument=["lottery_rank", "distance_school"], encouragement=["mailer", "offer_letter"],
+                      running=["entrance_score", "grade_points"], mediator=["study_hours", "attendance"],
+                      group=["school", "district"], time=["year", "term"], subject="students",
+                      t_text="the education programme", y_text="student achievement"),
+    "labour": dict(treatment=["job_training", "union_member", "subsidy"], outcome=["earnings", "hours_worked"],
+                   covariates=["age", "education_years", "experience", "married", "region_code"],
+                   instrument=["quarter_of_birth", "plant_closure"], encouragement=["letter", "counselling_offer"],
+                   running=["unemployment_days", "firm_size"], mediator=["skills_index", "job_search"],
+                   group=["firm", "state"], time=["year", "month"], subject="workers",
+                   t_text="the labour-market programme", y_text="earnings"),
+    "policy": dict(treatment=["policy_adopted", "tax_credit", "law_passed"], outcome=["crime_rate", "employment_rate"],
+                   covariates=["population", "median_income", "poverty_rate", "density", "unemployment"],
+                   instrument=["rainfall", "election_cycle"], encouragement=["info_campaign", "nudge_letter"],
+                   running=["vote_margin", "population_rank"], mediator=["police_spending", "enforcement"],
+                   group=["state", "municipality"], time=["year", "period"], subject="regions",
+                   t_text="the policy", y_text="the regional outcome"),
+}
+CUES = {
+    "rct": ["{subject} were randomly assigned to {t}", "the study is a randomized controlled trial: a coin flip "
+            "decided who received {t}", "assignment to {t} was decided by a random lottery among {subject}",
+            "an experiment randomized {t} across {subject}"],
+    "observational": ["the data are observational records: {subject} chose {t} themselves, and richer or healthier "
+                      "{subject} chose it more often", "no experiment was run; {t} was taken up voluntarily and "
+                      "the take-up depends on the recorded characteristics", "survey data collected without any "
+                      "intervention; whether {subject} got {t} depends on their background characteristics"],
+    "iv": ["{z} shifts how much of {t} {subject} get but plausibly affects {y} only through {t}; unmeasured "
+           "factors drive both {t} and {y}", "variation in {z} is as good as random and changes {t}, which is "
+           "otherwise endogenous", "{t} is endogenous, but {z} provides exogenous variation in it"],
+    "iv_encouragement": ["some {subject} were randomly encouraged ({z}) to take up {t}, but take-up was voluntary",
+                         "a random subset received {z} encouraging {t}; compliance was imperfect",
+                         "{z} was sent at random and raised participation in {t}, which {subject} chose freely"],
+    "rdd": ["{t} was given exactly to {subject} whose {r} was at or above {c}", "eligibility for {t} required a "
+            "{r} of at least {c}, a strict threshold", "{subject} just above the cutoff of {c} in {r} received "
+            "{t}; those just below did not"],
+    "did_canonical": ["{y} was measured before and after {t} started, for a treated group and a comparison group "
+                      "of {g}s", "one set of {g}s introduced {t} in the second period while the others did not; "
+                      "both are observed in both periods", "a panel of {g}s observed before and after the change, "
+                      "only some of which were exposed to {t}"],
+    "did_twfe": ["different {g}s adopted {t} in different years (staggered adoption); each {g} is observed every "
+                 "{tm}", "a panel of {g}s over several {tm}s, with {t} rolled out at different times",
+                 "{t} was introduced gradually: {g}s switched on in different periods and stayed treated"],
+    "frontdoor": ["{t} affects {y} only through {m}; unobserved factors confound {t} and {y} but not {m}",
+                  "the whole effect of {t} runs through {m}, which is measured, while the direct link between {t} "
+                  "and {y} is confounded", "hidden confounders affect both {t} and {y}; {m} fully mediates the "
+                  "effect and is not confounded"],
+}
+QUESTIONS = ["What is the effect of {t} on {y}?", "How much does {t} change {y}?",
+             "Estimate the causal effect of {t} on {y}.", "Does {t} affect {y}, and by how much?"]
+
+
+def _pick(rng, options):
+    return options[int(rng.integers(len(options)))]
+
+
+def _covariates(rng, n: int, names: list[str], k: int) -> dict[str, np.ndarray]:
+    chosen = list(rng.choice(names, size=k, replace=False))
+    out = {}
+    for i, name in enumerate(chosen):
+        if i == k - 1:  # one binary covariate, the rest integer-valued like the CAIS generators
+            out[name] = rng.binomial(1, 0.5, n).astype(float)
+        else:
+            out[name] = np.round(rng.normal(rng.integers(3, 20), 2.0, n))
+    return out
+
+
+def generate_query(design: str, seed: int, rows: int = 1000) -> dict:
+    """One synthetic query of ``design`` (see `DESIGNS`) with a known effect, deterministic given ``seed``."""
+    import pandas as pd
+
+    if design not in DESIGNS:
+        raise UserInputError(f"unknown design {design!r}; choose from {list(DESIGNS)}.")
+    rng = np.random.default_rng(seed)
+    theme_name = _pick(rng, sorted(THEMES))
+    theme = THEMES[theme_name]
+    t, y = _pick(rng, theme["treatment"]), _pick(rng, theme["outcome"])
+    covs = _covariates(rng, rows, theme["covariates"], int(rng.integers(2, 5)))
+    x = np.column_stack(list(covs.values()))
+    xc = (x - x.mean(0)) / np.maximum(x.std(0), 1e-9)
+    effect = float(rng.uniform(1.0, 10.0) * (1 if rng.random() < 0.75 else -1))
+    v1, v2 = rng.uniform(-1, 1, x.shape[1]), rng.uniform(-2, 2, x.shape[1])
+    eps = rng.normal(0, 1, rows)
+    cols, roles, cue = dict(covs), _roles(treatment=t, outcome=y, controls=list(covs)), {}
+    if design == "rct":
+        d = rng.binomial(1, 0.5, rows).astype(float)
+        cols[t], cols[y] = d, 50 + xc @ v2 + effect * d + eps
+    elif design == "observational":
+        ps = np.clip(1 / (1 + np.exp(-(xc @ v1 + rng.normal(0, 0.5, rows)))), 1e-3, 1 - 1e-3)
+        d = rng.binomial(1, ps).astype(float)
+        cols[t], cols[y] = d, 50 + xc @ v2 + effect * d + eps
+    elif design == "iv":
+        z_name = _pick(rng, theme["instrument"])
+        z = np.round(rng.normal(rng.uniform(8, 12), 2.0, rows))
+        u = rng.normal(0, 1, rows)
+        d = np.round(1.0 * z + xc @ v1 + rng.normal(0, 1, rows) + 30 + 2.0 * u)
+        cols[z_name], cols[t] = z, d
+        cols[y] = effect * d + xc @ v2 + eps + 50 + 3.0 * u
+        roles["instrument"], cue["z"] = z_name, z_name.replace("_", " ")
+    elif design == "iv_encouragement":
+        z_name = _pick(rng, theme["encouragement"])
+        z = rng.binomial(1, 0.5, rows).astype(float)
+        u = rng.normal(0, 1, rows)
+        d = (1.5 * z + 0.5 * (xc @ v1) + u + rng.normal(0, 0.5, rows) > 0.75).astype(float)
+        cols[z_name], cols[t] = z, d
+        cols[y] = effect * d + xc @ v2 + eps + 50 + 3.0 * u
+        roles["instrument"], cue["z"] = z_name, z_name.replace("_", " ")
+    elif design == "rdd":
+        r_name = _pick(rng, theme["running"])
+        cutoff = 10.0
+        run = rng.normal(cutoff, 2.0, rows)
+        d = (run >= cutoff).astype(float)
+        rc = run - cutoff
+        cols[r_name], cols[t] = run, d
+        cols[y] = 10 + effect * d + 1.5 * rc * (1 - d) + 0.8 * rc * d + 0.3 * (xc @ v2) + rng.normal(0, 0.5, rows)
+        roles.update(running=r_name, cutoff=cutoff)
+        cue.update(r=r_name.replace("_", " "), c=f"{cutoff:g}")
+    elif design in ("did_canonical", "did_twfe"):
+        g_name, tm_name = _pick(rng, theme["group"]), _pick(rng, theme["time"])
+        units = max(rows // (2 if design == "did_canonical" else 8), 4)
+        periods = 2 if design == "did_canonical" else 8
+        unit = np.repeat(np.arange(units), periods)
+        period = np.tile(np.arange(periods), units)
+        if design == "did_canonical":
+            ever = (np.arange(units) < units // 2).astype(float)
+            start = np.where(ever > 0, 1, periods + 1)
+        else:
+            start = np.where(rng.random(units) < 2 / 3, rng.integers(2, 6, units), periods + 1)
+            ever = (start <= periods).astype(float)
+        unit_effect = rng.normal(0, 1, units) + 3.0 * ever  # treated units differ in level
+        time_effect = np.cumsum(rng.normal(0.5, 1, periods))
+        d = (period >= start[unit]).astype(float)
+        n = len(unit)
+        covs = {k: v[:n] if len(v) >= n else np.resize(v, n) for k, v in covs.items()}
+        xc = np.column_stack([(v - v.mean()) / max(v.std(), 1e-9) for v in covs.values()])
+        cols = dict(covs)
+        cols[g_name], cols[tm_name], cols[t] = unit.astype(float), period.astype(float) + 2000, d
+        cols[y] = 20 + unit_effect[unit] + time_effect[period] + effect * d + xc @ (v2 * 0.5) + rng.normal(0, 1, n)
+        roles.update(group=g_name, time=tm_name)
+        cue.update(g=g_name.replace("_", " "), tm=tm_name.replace("_", " "))
+    elif design == "frontdoor":
+        m_name = _pick(rng, theme["mediator"])
+        a, b = rng.uniform(1, 3), rng.uniform(1, 3) * np.sign(effect)
+        u = rng.normal(0, 1, rows)
+        d = (xc @ v1 + 1.5 * u + rng.normal(0, 1, rows) > 0).astype(float)
+        m = xc @ rng.uniform(-1, 1, x.shape[1]) + a * d + rng.normal(0, 1, rows)
+        cols[t], cols[m_name] = d, m
+        cols[y] = 50 + b * m + 4.0 * u + xc @ v2 + rng.normal(0, 1, rows)
+        effect = float(a * b)
+        roles["mediator"], cue["m"] = m_name, m_name.replace("_", " ")
+    frame = pd.DataFrame(cols)
+    frame = frame[list(rng.permutation(frame.columns))]  # column order carries no hint
+    text = dict(t=t.replace("_", " "), y=y.replace("_", " "), subject=theme["subject"], **cue)
+    key = "did_canonical" if design == "did_canonical" else design
+    description = (f"A {theme_name} dataset of {theme['subject']} ({len(frame)} rows). "
+                   + _pick(rng, CUES[key]).format(**text).capitalize() + ". The data record "
+                   + ", ".join(c.replace("_", " ") for c in frame.columns) + ".")
+    return {"name": f"synthetic/{design}/{seed}", "source": "synthetic", "design": design,
+            "query": _pick(rng, QUESTIONS).format(**text), "description": description,
+            "method": DESIGN_METHOD[design], "effect": effect, "roles": roles, "data": frame,
+            "columns": list(frame.columns), "reference": f"true effect of the {design} generator"}
+
+
+# ============================================================================================ real queries
+def _load(name: str):
+    import importlib
+
+    try:
+        module = importlib.import_module(f"causaldata.{name}")
+    except ImportError as err:
+        raise UserInputError(f"the real queries need the causaldata package ({err}); install it with "
+                             "`pip install causaldata` (or the `causal` extra of this package).") from None
+    return module.load_pandas().data
+
+
+def _close_elections():
+    return _load("close_elections_lmb")
+
+
+def _castle():
+    frame = _load("castle").copy()
+    frame["l_homicide"] = np.log(frame["homicide"].astype(float))  # the benchmark's column (log homicide rate)
+    return frame
+
+
+def _organ_donations():
+    frame = _load("organ_donations").copy()
+    frame["california"] = (frame["State"] == "California").astype(float)
+    frame["treated"] = frame["california"] * (frame["Quarter_Num"] >= 4).astype(float)  # policy from Q3 2011
+    return frame
+
+
+def _nhefs():
+    frame = _load("nhefs_complete").copy()
+    for column in ("sex", "race", "age", "smokeintensity", "smokeyrs", "wt71"):
+        frame[column] = frame[column].astype(float)  # int8 columns overflow when squared
+    frame["age_sq"], frame["wt71_sq"] = frame["age"] ** 2, frame["wt71"] ** 2
+    return frame
+
+
+# name -> (loader, method, roles, question, description, reference note); effects are recomputed at load time
+REAL_QUERIES = {
+    "close_elections_score": (
+        _close_elections, "rdd",
+        dict(treatment="democrat", outcome="score", running="demvoteshare", cutoff=0.5),
+        "What is the effect of electing a Democrat on the liberal voting score (ADA score) of the House seat's "
+        "representative?",
+        "US House elections 1946-1995 (Lee, Moretti and Butler 2004): vote share of the Democratic candidate, "
+        "whether the Democrat won (share above one half), and the ADA liberal voting score of the winner. Races "
+        "that are barely won or lost are compared.",
+        "benchmark v1 (real_data.json): RDD, linear fit, 46.778; ours: the same global linear fit with separate "
+        "slopes on causaldata.close_elections_lmb (the same columns)"),
+    "close_elections_incumbency": (
+        _close_elections, "rdd",
+        dict(treatment="lagdemocrat", outcome="democrat", running="lagdemvoteshare", cutoff=0.5),
+        "Does winning the previous election make the Democratic party more likely to win the seat the next time?",
+        "US House elections (Lee, Moretti and Butler 2004): the Democratic vote share and win in the previous "
+        "election and whether the Democrat wins now. Winning was decided by crossing fifty percent of the vote.",
+        "benchmark v1: RDD lagdemocrat->democrat 0.214; ours: global linear fit with separate slopes"),
+    "thornton_hiv_ols": (
+        lambda: _load("thornton_hiv"), "ols",
+        dict(treatment="any", outcome="got", controls=["age"]),
+        "What is the effect of receiving any cash incentive on the probability of learning one's HIV test result?",
+        "Malawi (Thornton 2008): individuals were tested for HIV and randomly offered a cash incentive, of random "
+        "amount, for collecting their result at a centre; distance to the centre and age are recorded.",
+        "benchmark v1: OLS any->got 0.31 with controls including the incentive amount tinc (part of the treatment); "
+        "ours follows v2: no tinc, control for age"),
+    "nsw_lalonde_ols": (
+        lambda: _load("nsw_mixtape"), "ols",
+        dict(treatment="treat", outcome="re78", controls=["age", "educ", "black", "hisp", "marr", "nodegree",
+                                                         "re74", "re75"]),
+        "What is the effect of the National Supported Work job-training programme on 1978 earnings?",
+        "The NSW experiment (LaLonde 1986; Dehejia-Wahba sample, 445 men): eligible applicants were randomly "
+        "assigned to job training; earnings in 1974, 1975 and 1978 and demographics are recorded.",
+        "benchmark v1 (lalonde_data.csv, 445 rows): OLS treat->re78 1672; ours: OLS with the demographic and "
+        "earnings controls on causaldata.nsw_mixtape (445 rows)"),
+    "close_college_iv": (
+        lambda: _load("close_college"), "iv",
+        dict(treatment="educ", outcome="lwage", instrument="nearc4",
+             controls=["black", "smsa", "south", "married", "exper"]),
+        "What is the return to an additional year of schooling on log wages?",
+        "Card (1995), National Longitudinal Survey of Young Men: years of education, log hourly wage, experience, "
+        "race, region, and whether the man grew up near a four-year college, which lowers the cost of college "
+        "but plausibly does not change wages otherwise.",
+        "benchmark v1 (card_geographic.csv): IV educ->lwage with nearc4, 0.132; ours: 2SLS with the controls "
+        "causaldata.close_college carries (it lacks some of Card's regional dummies)"),
+    "gov_transfers_rdd": (
+        lambda: _load("gov_transfers"), "rdd",
+        dict(treatment="Participation", outcome="Support", running="Income_Centered", cutoff=0.0),
+        "What is the effect of participating in the cash-transfer programme on support for the government?",
+        "Uruguay's PANES programme (Manacorda, Miguel and Vigorito 2011): households qualified when a predicted "
+        "income score fell below a threshold; income is centred at that threshold, and the survey records "
+        "support for the government.",
+        "benchmark v1: RDD participation->support 0.093; ours: global linear fit with separate slopes"),
+    "castle_doctrine_did": (
+        _castle, "did",
+        dict(treatment="post", outcome="l_homicide", group="sid", time="year"),
+        "Did castle-doctrine (stand-your-ground) laws change homicide rates?",
+        "US states 2000-2010 (Cheng and Hoekstra 2013): states adopted castle-doctrine laws in different years; "
+        "the panel records crime rates, demographics and a post-adoption indicator for each state and year.",
+        "benchmark v2: state and year fixed effects, no controls, treatment cdl (fractional in the adoption year); "
+        "causaldata.castle only has the binary post indicator, so ours uses post; l_homicide = log(homicide)"),
+    "organ_donations_did": (
+        _organ_donations, "did",
+        dict(treatment="treated", outcome="Rate", group="State", time="Quarter_Num"),
+        "Did California's active-choice policy for organ donor registration change the donor registration rate?",
+        "Kessler and Roth (2014): quarterly organ-donor registration rates of US states, Q4 2010 to Q1 2012; "
+        "California changed its registration question in July 2011, the other states did not.",
+        "textbook query (The Effect, ch. 18), not in the benchmark: TWFE on state and quarter"),
+    "nhefs_smoking_matching": (
+        _nhefs, "matching",
+        dict(treatment="qsmk", outcome="wt82_71",
+             controls=["sex", "race", "age", "age_sq", "education", "smokeintensity", "smokeyrs", "exercise",
+                       "active", "wt71", "wt71_sq"]),
+        "What is the effect of quitting smoking on weight gain between 1971 and 1982?",
+        "NHEFS (Hernan and Robins, Causal Inference: What If): smokers interviewed in 1971 and 1982; whether "
+        "they quit was their own choice and depends on their age, sex, smoking history and health.",
+        "textbook query (What If, ch. 12-15; about 3.4 kg), not in the benchmark: propensity-score matching"),
+}
+
+
+# the reference effects, computed once by each query's reference method with the estimators of
+# lightning_modules/causal_estimators.py (rdd: every row, separate slopes; did: TWFE; iv: 2SLS; matching: 1-NN on a
+# logistic propensity score) on causaldata 0.1.5; tests/test_causcibench.py recomputes them
+REFERENCE_EFFECTS = {"close_elections_score": 55.431359, "close_elections_incumbency": 0.669785,
+                     "thornton_hiv_ols": 0.447008, "nsw_lalonde_ols": 1676.342625, "close_college_iv": 0.124164,
+                     "gov_transfers_rdd": 0.099852, "castle_doctrine_did": 0.069398,
+                     "organ_donations_did": -0.022459, "nhefs_smoking_matching": 3.098956}
+
+
+def real_query(name: str) -> dict:
+    """The real query ``name`` of `REAL_QUERIES`, with its pinned reference effect (recomputed by its reference
+    method with `lightning_modules.causal_estimators`; tests/test_causcibench.py recomputes and compares)."""
+    if name not in REAL_QUERIES:
+        raise UserInputError(f"unknown real query {name!r}; choose from {sorted(REAL_QUERIES)}.")
+    loader, method, given, question, description, note = REAL_QUERIES[name]
+    effect = REFERENCE_EFFECTS[name]
+    frame = loader()
+    roles = _roles(**given)
+    missing = [c for c in [roles[k] for k in ROLE_KEYS if k not in ("controls", "cutoff")] + roles["controls"]
+               if c is not None and c not in frame.columns]
+    if missing:  # a causaldata release that renamed columns
+        raise UserInputError(f"real query {name}: columns {missing} are missing from its causaldata dataset; "
+                             "install causaldata 0.1.5.")
+    return {"name": f"real/{name}", "source": "real", "design": method, "query": question,
+            "description": description, "method": method, "effect": float(effect), "roles": roles, "data": frame,
+            "columns": list(frame.columns), "reference": note}
+
+
+# ============================================================================================ benchmark files
+def _read_table(path: Path):
+    import pandas as pd
+
+    try:
+        if path.suffix == ".csv":
+            return pd.read_csv(path)
+        if path.suffix in (".dta",):
+            return pd.read_stata(path)
+        if path.suffix in (".xlsx", ".xls"):
+            return pd.read_excel(path)
+        if path.suffix == ".parquet":
+            return pd.read_parquet(path)
+    except Exception as err:
+        raise UserInputError(f"could not read data file {path}: {err}") from None
+    raise UserInputError(f"data file {path} has an unsupported format; use .csv, .dta, .xlsx or .parquet.")
+
+
+def _field(item: dict, *names):
+    for name in names:
+        value = item.get(name)
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            continue
+        text = str(value).strip()
+        if text and text.lower() not in ("nan", "none", "null"):
+            return value
+    return None
+
+
+def _find_file(data_dir: Path, name: str) -> Path:
+    candidate = data_dir / name
+    if candidate.is_file():
+        return candidate
+    matches = sorted(data_dir.rglob(Path(name).name))
+    if not matches:
+        raise UserInputError(f"data file {name!r} named by the query file is not under {data_dir}; put the "
+                             "benchmark's data files there (e.g. data/real_data/...).")
+    return matches[0]
+
+
+def load_benchmark(data_dir: str, queries_file: str) -> list[dict]:
+    """The queries of the benchmark's ``queries_file`` (JSON list, or CSV like ``synthetic_info.csv``) with their
+    data files under ``data_dir``. Every named variable must be a column of its data file."""
+    import pandas as pd
+
+    root = Path(data_dir)
+    path = Path(queries_file) if Path(queries_file).is_absolute() else root / queries_file
+    if not root.is_dir() or not path.is_file():
+        raise UserInputError(f"no benchmark query file {path} (data_dir={data_dir!r}); pass the benchmark's "
+                             "data folder as data_dir and a query file such as json/real_data.json.")
+    if path.suffix == ".json":
+        try:
+            items = json.loads(path.read_text())  # Python's json reads the file's bare NaN as float nan
+        except json.JSONDecodeError as err:
+            raise UserInputError(f"{path} is not valid JSON: {err}") from None
+        if isinstance(items, dict):
+            items = next((v for v in items.values() if isinstance(v, list)), [])
+    else:
+        items = pd.read_csv(path).to_dict("records")
+    if not items:
+        raise UserInputError(f"{path} holds no queries.")
+    queries, tables = [], {}
+    for index, item in enumerate(items):
+        name = str(_field(item, "name", "paper_name") or f"query_{index}")
+        where = f"{path.name} query {index} ({name}): "
+        method_raw = _field(item, "method")
+        if method_raw is None:
+            raise UserInputError(f"{where}no method label.")
+        method = normalise_method(method_raw, where)
+        effect = _field(item, "effect", "answer")
+        try:
+            effect = float(effect)
+        except (TypeError, ValueError):
+            raise UserInputError(f"{where}the reference effect {effect!r} is not a number.") from None
+        data_name = _field(item, "dataset_path", "data_files")
+        if data_name is None:
+            raise UserInputError(f"{where}names no data file (dataset_path / data_files).")
+        data_name = str(data_name).split(",")[0].strip()
+        if data_name not in tables:
+            tables[data_name] = _read_table(_find_file(root, data_name))
+        frame = tables[data_name]
+        controls = _field(item, "control_variables")
+        controls = [c.strip() for c in str(controls).split(",") if c.strip()] if controls else []
+        roles = _roles(treatment=_field(item, "treatment_var", "treatment"),
+                       outcome=_field(item, "outcome_var", "outcome"), controls=controls,
+                       instrument=_field(item, "instrument_var"), running=_field(item, "running_var"),
+                       time=_field(item, "temporal_var"), group=_field(item, "state_var"),
+                       mediator=_field(item, "mediator"))
+        missing = [c for c in [roles[k] for k in ROLE_KEYS if k not in ("controls", "cutoff")] + controls
+                   if c is not None and c not in frame.columns]
+        if missing:
+            raise UserInputError(f"{where}variables {missing} are not columns of its data file {data_name} "
+                                 f"(columns: {list(frame.columns)[:30]}).")
+        if roles["outcome"] is None:
+            raise UserInputError(f"{where}names no outcome variable.")
+        cutoff = _field(item, "cutoff")
+        if method == "rdd" and roles["running"] is not None:
+            roles["cutoff"] = float(cutoff) if cutoff is not None else _infer_cutoff(frame, roles)
+        queries.append({"name": f"benchmark/{name}", "source": "benchmark", "design": method,
+                        "query": str(_field(item, "query", "natural_language_query") or ""),
+                        "description": str(_field(item, "dataset_description", "data_description") or ""),
+                        "method": method, "effect": effect, "roles": roles, "data": frame,
+                        "columns": list(frame.columns), "reference": f"{path.name} entry {index}"})
+    return queries
+
+
+def _infer_cutoff(frame, roles: dict) -> float:
+    if roles["treatment"] is None:
+        return 0.0
+    sub = frame[[roles["running"], roles["treatment"]]].dropna()
+    run, treated = sub[roles["running"]].to_numpy(float), sub[roles["treatment"]].to_numpy(float)
+    if set(np.unique(treated)) <= {0.0, 1.0} and treated.any() and not treated.all():
+        if run[treated == 1].min() > run[treated == 0].max():
+            return float(run[treated == 1].min())
+        if run[treated == 1].max() < run[treated == 0].min():
+            return float(run[treated == 0].min())
+    return 0.0
+
+
+# ============================================================================================ selector features
+N_STRUCTURE = 8
+_WORD = re.compile(r"[a-z]+")
+
+
+def _bucket(token: str, buckets: int) -> int:
+    return zlib.crc32(token.encode()) % buckets
+
+
+def query_features(query: dict, text_buckets: int = 512, column_buckets: int = 64) -> torch.Tensor:
+    """The learned selector's input: hashed words and word pairs of the question and description
+    (``text_buckets``), hashed column-name words (``column_buckets``) and `N_STRUCTURE` structural features of the
+    data file (log rows, number of columns, share of 0/1 columns, a 0/1 column that is a threshold of another
+    column, a balanced time-like integer column, a unit-like id column, the share of columns with many distinct
+    values, two or more 0/1 columns). Roles and reference method are never read."""
+    text = np.zeros(text_buckets, dtype=np.float32)
+    words = _WORD.findall(f"{query['query']} {query['description']}".lower())
+    for token in words + [f"{a}_{b}" for a, b in zip(words, words[1:])]:
+        text[_bucket(token, text_buckets)] += 1.0
+    text = np.log1p(text)
+    names = np.zeros(column_buckets, dtype=np.float32)
+    for column in query["columns"]:
+        for word in _WORD.findall(str(column).lower()):
+            names[_bucket(word, column_buckets)] = 1.0
+    frame = query["data"]
+    numeric = frame.select_dtypes("number")
+    values = {c: numeric[c].dropna().to_numpy(float) for c in numeric.columns}
+    binary = [c for c, v in values.items() if len(v) and np.isin(v, (0.0, 1.0)).all()]
+    threshold = 0.0
+    for b in binary:
+        mask = numeric[b].notna()
+        for c, v in values.items():
+            if c == b or c in binary or len(np.unique(v)) < 20:
+                continue
+            col = numeric.loc[mask, c].to_numpy(float)
+            on = numeric.loc[mask, b].to_numpy(float) == 1
+            keep = ~np.isnan(col)
+            col, on = col[keep], on[keep]
+            if on.any() and (~on).any() and (col[on].min() >= col[~on].max() or col[on].max() <= col[~on].min()):
+                threshold = 1.0
+    time_like = id_like = many = 0.0
+    for c, v in values.items():
+        distinct = np.unique(v)
+        if 2 <= len(distinct) <= 40 and np.allclose(distinct, np.round(distinct)) and len(v) >= 4 * len(distinct) \
+                and np.all(np.diff(distinct) == 1):
+            counts = np.unique(v, return_counts=True)[1]
+            time_like = max(time_like, float(counts.max() <= 1.5 * counts.min()))  # a balanced panel's periods
+        if len(distinct) > 40 and len(v) >= 2 * len(distinct) and np.allclose(distinct, np.round(distinct)):
+            id_like = 1.0
+        if len(distinct) > 0.5 * max(len(v), 1):
+            many += 1.0
+    structure = np.array([math.log1p(len(frame)) / 10, len(frame.columns) / 20, len(binary) / max(len(values), 1),
+                          threshold, time_like, id_like, many / max(len(values), 1),
+                          float(len(binary) >= 2)], dtype=np.float32)
+    return torch.from_numpy(np.concatenate([text, names, structure]))
+
+
+# ============================================================================================ datamodule
+def _collate_queries(batch: list[dict]) -> list[dict]:
+    return batch
+
+
+class CausalQueryDataModule(LightningDataModule):
+    """Synthetic queries to train and validate the learned method selector, and test queries for the agents.
+
+    Fit batches are ``(features [B, D], method index [B])`` (index into `METHOD_LABELS`); test batches are lists
+    of query dicts (with their data frames and ``features``).
+
+    Args:
+        test_source: ``real`` (the causaldata queries), ``synthetic`` (fresh seeded queries) or ``benchmark``
+            (``queries_file`` under ``data_dir``).
+        train_per_design / val_per_design / test_per_design: synthetic queries per design and split.
+        rows: rows of each synthetic data file.
+        designs: the synthetic designs used (default all of `DESIGNS`).
+        real_queries: names of `REAL_QUERIES` to test on (default all).
+        data_dir / queries_file: the benchmark's data folder and query file (``test_source: benchmark``).
+        text_buckets / column_buckets: sizes of the hashed features (the model's ``input_dim`` must be
+            ``text_buckets + column_buckets + 8``).
+        batch_size: fit batch size (test batches hold ``test_batch_size`` queries).
+        seed: the synthetic queries' seed (train, validation and test use disjoint seed ranges).
+    """
+
+    def __init__(self, test_source: str = "real", train_per_design: int = 40, val_per_design: int = 10,
+                 test_per_design: int = 10, rows: int = 1000, designs: list[str] | None = None,
+                 real_queries: list[str] | None = None, data_dir: str | None = None,
+                 queries_file: str | None = None, text_buckets: int = 512, column_buckets: int = 64,
+                 batch_size: int = 32, test_batch_size: int = 8, seed: int = 0) -> None:
+        super().__init__()
+        if test_source not in ("real", "synthetic", "benchmark"):
+            raise UserInputError(f"test_source={test_source!r}; choose real, synthetic or benchmark.")
+        if test_source == "benchmark" and (data_dir is None or queries_file is None):
+            raise UserInputError("test_source=benchmark needs data_dir (the benchmark's data folder) and "
+                                 "queries_file (e.g. json/real_data.json).")
+        for name, value in (("train_per_design", train_per_design), ("val_per_design", val_per_design),
+                            ("rows", rows), ("batch_size", batch_size), ("text_buckets", text_buckets),
+                            ("column_buckets", column_buckets), ("test_batch_size", test_batch_size)):
+            if int(value) < 1:
+                raise UserInputError(f"{name}={value} must be at least 1.")
+        self.designs = list(designs or DESIGNS)
+        unknown = [d for d in self.designs if d not in DESIGNS]
+        if unknown:
+            raise UserInputError(f"unknown designs {unknown}; choose from {list(DESIGNS)}.")
+        self.real_names = list(real_queries or REAL_QUERIES)
+        unknown = [q for q in self.real_names if q not in REAL_QUERIES]
+        if unknown:
+            raise UserInputError(f"unknown real queries {unknown}; choose from {sorted(REAL_QUERIES)}.")
+        self.save_hyperparameters()
+        self.feature_dim = text_buckets + column_buckets + N_STRUCTURE
+        self.train_queries = self.val_queries = self.test_queries = None
+
+    def _features(self, query: dict) -> dict:
+        query["features"] = query_features(query, self.hparams.text_buckets, self.hparams.column_buckets)
+        return query
+
+    def synthetic(self, split: str, per_design: int) -> list[dict]:
+        """``per_design`` queries of each design; seeds ``seed * 1e6 + split offset + design * 1e4 + i``."""
+        offset = {"train": 0, "val": 100_000, "test": 200_000}[split]
+        return [self._features(generate_query(design, self.hparams.seed * 1_000_000 + offset + d * 10_000 + i,
+                                               self.hparams.rows))
+                for d, design in enumerate(self.designs) for i in range(per_design)]
+
+    def setup(self, stage: str) -> None:
+        if stage in ("fit", "validate") and self.train_queries is None:
+            self.train_queries = self.synthetic("train", self.hparams.train_per_design)
+            self.val_queries = self.synthetic("val", self.hparams.val_per_design)
+        if stage in ("test", "predict") and self.test_queries is None:
+            if self.hparams.test_source == "real":
+                queries = [real_query(name) for name in self.real_names]
+            elif self.hparams.test_source == "synthetic":
+                queries = self.synthetic("test", self.hparams.test_per_design)
+            else:
+                queries = load_benchmark(self.hparams.data_dir, self.hparams.queries_file)
+            self.test_queries = [q if "features" in q else self._features(q) for q in queries]
+
+    @staticmethod
+    def tensors(queries: list[dict]) -> TensorDataset:
+        return TensorDataset(torch.stack([q["features"] for q in queries]),
+                             torch.tensor([METHOD_LABELS.index(q["method"]) for q in queries]))
+
+    def train_dataloader(self):
+        generator = torch.Generator().manual_seed(self.hparams.seed)
+        return DataLoader(self.tensors(self.train_queries), batch_size=self.hparams.batch_size, shuffle=True,
+                          generator=generator)
+
+    def val_dataloader(self):
+        return DataLoader(self.tensors(self.val_queries), batch_size=self.hparams.batch_size)
+
+    def test_dataloader(self):
+        return DataLoader(self.test_queries, batch_size=self.hparams.test_batch_size, collate_fn=_collate_queries)
