@@ -103,8 +103,12 @@ def main(argv: list[str] | None = None) -> dict:
         for weights, (steps, scale, samples) in itertools.product(("EMA", "raw"), grid):
             model, datamodule = models[weights]
             setting = dict(sampling_steps=steps, cfg_scale=scale, test_samples=samples)
+            t0 = time.perf_counter()
             cells.append({"weights": weights, **setting, "val": evaluate(model, datamodule, "val", **setting)})
             bar.update(1)
+            val = cells[-1]["val"]
+            bar.write(f"seed {seed} {weights} {setting}: val coverage_bimodal {val['coverage_bimodal']:.3f} "
+                      f"pearson {val['pearson']:.3f} ({time.perf_counter() - t0:.0f} s)")
         chosen = choose(cells)
         setting = {k: chosen[k] for k in ("sampling_steps", "cfg_scale", "test_samples")}
         runs = {"RNA-FM default": evaluate(*models["EMA"], "test", **{k: v for k, v in DEFAULT.items()
@@ -113,7 +117,8 @@ def main(argv: list[str] | None = None) -> dict:
         bar.update(2)
         bar.write(f"seed {seed}: chosen {chosen['weights']} {setting} (val bimodal coverage "
                   f"{chosen['val']['coverage_bimodal']:.3f}); test bimodal coverage default "
-                  f"{runs['RNA-FM default']['coverage_bimodal']:.3f} -> {runs['RNA-FM chosen on val']['coverage_bimodal']:.3f}")
+                  f"{runs['RNA-FM default']['coverage_bimodal']:.3f} -> "
+                  f"{runs['RNA-FM chosen on val']['coverage_bimodal']:.3f}")
         for arm in ("HE2RNA-lite", "tRNAsformer-lite"):
             _, model, datamodule = fit_candidate(arm, seed, lrs[arm][seed], ema=True, **sizes)
             quiet_trainer().validate(model, datamodule=datamodule, verbose=False)  # residual std from validation
@@ -132,7 +137,8 @@ def main(argv: list[str] | None = None) -> dict:
               "smoke": args.smoke}
     val_mean = {}
     for i, cell in enumerate(cells_per_seed[0]):
-        key = f"{cell['weights']} steps {cell['sampling_steps']} cfg {cell['cfg_scale']:g} samples {cell['test_samples']}"
+        key = (f"{cell['weights']} steps {cell['sampling_steps']} cfg {cell['cfg_scale']:g} "
+               f"samples {cell['test_samples']}")
         val_mean[key] = {m: float(np.mean([cells[i]["val"][m] for cells in cells_per_seed])) for m in METRICS
                          if m in cell["val"]}
     result = write_result(NAME, seeds=args.seeds, wall_s=wall, config=config, arms=arms, per_seed=per_seed,
