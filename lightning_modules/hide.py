@@ -279,9 +279,13 @@ class QwenVLBackbone(nn.Module):
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise UserInputError(f"model_path '{self.model_path}' has no config.json: point it to a local folder "
                                  "with a Qwen2.5-VL checkpoint (save_pretrained output). Nothing is downloaded.")
-        config = AutoConfig.from_pretrained(path)
         try:
-            model = AutoModelForImageTextToText.from_pretrained(path, dtype=self.dtype)
+            config = AutoConfig.from_pretrained(path, local_files_only=True)
+        except (ValueError, OSError, KeyError) as err:
+            raise UserInputError(f"model_path '{self.model_path}': its config.json is not a transformers model "
+                                 f"config ({one_line(err)}).") from None
+        try:
+            model = AutoModelForImageTextToText.from_pretrained(path, dtype=self.dtype, local_files_only=True)
         except (ValueError, OSError, KeyError) as err:
             raise UserInputError(f"model_path '{self.model_path}' ({config.model_type}) cannot be loaded as an "
                                  f"image-text-to-text model: {one_line(err)}") from None
@@ -291,14 +295,14 @@ class QwenVLBackbone(nn.Module):
             raise UserInputError(f"model_path '{self.model_path}' ({config.model_type}): its decoder layers expose "
                                  "no self-attention with q_proj/k_proj, so HiDe cannot read attention weights. "
                                  "Use a Qwen2-VL / Qwen2.5-VL checkpoint.")
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         vocab = self.tokenizer.get_vocab()
         missing = [t for t in ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|im_start|>", "<|im_end|>")
                    if t not in vocab]
         if missing:
             raise UserInputError(f"the tokenizer in '{self.model_path}' lacks the Qwen-VL tokens {missing}.")
         self.image_processor = AutoImageProcessor.from_pretrained(
-            path, size={"shortest_edge": self.min_pixels, "longest_edge": self.max_pixels})
+            path, size={"shortest_edge": self.min_pixels, "longest_edge": self.max_pixels}, local_files_only=True)
         model.requires_grad_(False).eval()
         self.model = model
         self.vision_start, self.vision_end = vocab["<|vision_start|>"], vocab["<|vision_end|>"]
