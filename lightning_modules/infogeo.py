@@ -55,7 +55,7 @@ pretrained encoder is available offline.
 from __future__ import annotations
 
 import math
-from typing import Literal
+import os
 
 import timm
 import torch
@@ -199,8 +199,8 @@ class GeoRetrieval(Metric):
         self.is_query.append(is_query.bool())
 
     def compute(self) -> dict[str, Tensor]:
-        cat = (lambda s: torch.cat(s) if isinstance(s, list) else s)
-        desc, ids, query = cat(self.descriptors), cat(self.ids), cat(self.is_query)
+        desc, ids, query = (torch.cat(s) if isinstance(s, list) else s
+                            for s in (self.descriptors, self.ids, self.is_query))
         if not query.any() or query.all():
             raise UserInputError("the evaluation set needs both drone queries and satellite gallery images.")
         values = retrieval_metrics(desc[query], ids[query], desc[~query], ids[~query])
@@ -242,7 +242,6 @@ class Encoder(nn.Module):
                                  f"(similar: {timm.list_models(f'*{name[:5]}*')[:6]}).")
         kwargs: dict = {"pretrained": False}
         if weights:
-            import os
             if not os.path.isfile(weights):
                 raise UserInputError(f"encoder_weights '{weights}' does not exist: put the {name} weights (timm "
                                      "state_dict, .pth/.bin/.safetensors) there; nothing is downloaded.")
