@@ -45,7 +45,9 @@ import time
 import numpy as np
 
 from callbacks.layer_probing import LayerProbing
+from datamodules.paralinguistic_speech import espeak_binary
 from experiments import kit
+from lightning_modules.errors import UserInputError
 
 CONFIGS = {"pretrain": "configs/pclm/pretrain_quick.yaml", "sft": "configs/pclm/sft_quick.yaml",
            "pclm": "configs/pclm/quick.yaml", "dpo": "configs/pclm/dpo_quick.yaml"}
@@ -93,23 +95,34 @@ def pretrain(args, folder: str) -> tuple[str, dict[str, list[float]], float]:
 
 
 def run_seed(seed: int, args, encoder_ckpt: str, folder: str) -> dict[str, dict[str, float]]:
-    sft = os.path.join(folder, f"sft_{seed}.ckpt")
-    fit(CONFIGS["sft"], seed, args.sft_steps, sft, args, f"--model.init_args.init_from={encoder_ckpt}")
-    arms = {}
-    model, data = fit(CONFIGS["sft"], seed, 2 * args.stage_steps, os.path.join(folder, f"base_{seed}.ckpt"), args,
-                      f"--model.init_args.init_from={sft}")
-    arms["last-layer SFT"] = test(model, data)
-    stage1 = os.path.join(folder, f"pclm1_{seed}.ckpt")
-    fit(CONFIGS["pclm"], seed, args.stage_steps, stage1, args, f"--model.init_args.init_from={sft}")
-    pclm = os.path.join(folder, f"pclm2_{seed}.ckpt")
-    model, data = fit(CONFIGS["pclm"], seed, args.stage_steps, pclm, args, f"--model.init_args.init_from={stage1}",
-                      "--model.init_args.train_parts=[projector,mixer,language_model]")
-    arms["PCLM"] = test(model, data)
-    for arm, negatives in (("PCLM + DPO", "random"), ("PCLM + DPO (adversarial negatives)", "adversarial")):
-        model, data = fit(CONFIGS["dpo"], seed, args.dpo_steps, os.path.join(folder, f"dpo_{negatives}_{seed}.ckpt"),
-                          args, f"--model.init_args.init_from={pclm}", f"--model.init_args.negatives={negatives}",
+    def path(name: str) -> str:
+        return os.path.join(folder, f"{name}_{seed}.ckpt")
+
+    def baseline():
+        model, data = fit(CONFIGS["sft"], seed, 2 * args.stage_steps, path("base"), args,
+                          f"--model.init_args.init_from={path('sft')}")
+        arms["last-layer SFT"] = test(model, data)
+
+    def pclm():
+        fit(CONFIGS["pclm"], seed, args.stage_steps, path("pclm1"), args, f"--model.init_args.init_from={path('sft')}")
+        model, data = fit(CONFIGS["pclm"], seed, args.stage_steps, path("pclm2"), args,
+                          f"--model.init_args.init_from={path('pclm1')}",
+                          "--model.init_args.train_parts=[projector,mixer,language_model]")
+        arms["PCLM"] = test(model, data)
+
+    def dpo(arm: str, negatives: str):
+        model, data = fit(CONFIGS["dpo"], seed, args.dpo_steps, path(f"dpo_{negatives}"), args,
+                          f"--model.init_args.init_from={path('pclm2')}", f"--model.init_args.negatives={negatives}",
                           f"--model.init_args.optimizer.init_args.lr={args.dpo_lr}")
         arms[arm] = test(model, data)
+
+    arms: dict[str, dict[str, float]] = {}
+    stages = [lambda: fit(CONFIGS["sft"], seed, args.sft_steps, path("sft"), args,
+                          f"--model.init_args.init_from={encoder_ckpt}"),
+              baseline, pclm, lambda: dpo("PCLM + DPO", "random"),
+              lambda: dpo("PCLM + DPO (adversarial negatives)", "adversarial")]
+    for stage in kit.progress(stages, f"seed {seed}"):
+        stage()
     return arms
 
 
@@ -163,6 +176,9 @@ def main(argv: list[str] | None = None) -> dict:
     if args.smoke:
         args.train, args.val, args.test, args.batch_size = 32, 16, 16, 16
         args.pretrain_steps, args.sft_steps, args.stage_steps, args.dpo_steps, args.probe_examples = 2, 2, 1, 1, 16
+    if espeak_binary() is None:
+        raise UserInputError("experiments.pclm synthesises its speech with espeak-ng, which is not installed: "
+                             "apt-get install espeak-ng (or brew install espeak-ng).")
     kit.quiet_single_thread()
     for name in ("lightning_modules", "callbacks"):
         logging.getLogger(name).setLevel(logging.ERROR)

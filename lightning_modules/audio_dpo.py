@@ -95,9 +95,10 @@ class AudioDPO(AudioLanguageModel):
             self.reference_language_model.load_state_dict(self.language_model.state_dict())
         return report
 
-    def on_train_epoch_start(self) -> None:
-        super().on_train_epoch_start()
+    def train(self, mode: bool = True):
+        super().train(mode)
         self.reference_language_model.eval()
+        return self
 
     def reference_logprobs(self, batch: dict) -> torch.Tensor:
         """Option log-probabilities of the frozen reference under the same prompt and audio."""

@@ -136,7 +136,8 @@ def _sinusoids(length: int, width: int) -> torch.Tensor:
 
 class SpeechEncoder(nn.Module):
     """A small Whisper-style encoder: log-mel -> conv(3) GELU -> conv(3, stride 2) GELU -> sinusoidal positions ->
-    ``num_layers`` pre-LN transformer layers -> final LayerNorm.
+    ``num_layers`` transformer layers (pre-LN as Whisper; ``norm_first: false`` = post-LN as wav2vec 2.0 / HuBERT
+    base) -> final LayerNorm.
 
     ``forward(waveform, lengths) -> (hidden_states, mask)``: ``num_layers + 1`` states [B, T', width] (index 0 the
     convolution output, index l after layer l; the last one after the final LayerNorm, as transformers' Whisper)
@@ -145,7 +146,7 @@ class SpeechEncoder(nn.Module):
 
     def __init__(self, num_layers: int = 6, width: int = 64, num_heads: int = 4, n_mels: int = 80,
                  hop_length: int = 160, max_positions: int = 1500, dropout: float = 0.0,
-                 sample_rate: int = 16_000) -> None:
+                 sample_rate: int = 16_000, norm_first: bool = True) -> None:
         super().__init__()
         check_range("SpeechEncoder.num_layers", num_layers, low=1)
         if width % num_heads or width % 2:
@@ -158,7 +159,7 @@ class SpeechEncoder(nn.Module):
         self.register_buffer("positions", _sinusoids(max_positions, width), persistent=False)
         self.layers = nn.ModuleList(
             nn.TransformerEncoderLayer(width, num_heads, 4 * width, dropout, activation="gelu", batch_first=True,
-                                       norm_first=True) for _ in range(num_layers))
+                                       norm_first=norm_first) for _ in range(num_layers))
         self.norm = nn.LayerNorm(width)
 
     def forward(self, waveform: torch.Tensor, lengths: torch.Tensor):
@@ -542,9 +543,12 @@ class AudioLanguageModel(PaperModule):
             report["cloned_projectors"] = cloned
         return report
 
-    def on_train_epoch_start(self) -> None:
+    def train(self, mode: bool = True):
+        """Frozen encoder always in eval mode (no dropout), whatever Lightning switches."""
+        super().train(mode)
         if "encoder" not in self.train_parts:
             self.encoder.eval()
+        return self
 
     # ----------------------------------------------------------------------------- forward
     def layer_states(self, batch: dict) -> tuple[list[torch.Tensor], torch.Tensor]:
