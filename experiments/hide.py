@@ -133,7 +133,7 @@ def run_seed(seed: int, args, folder: str) -> tuple[dict, dict]:
     layer, layer_scores = choose_layer(hide, val)
     test = [data.splits["test"][i] for i in range(len(data.splits["test"]))]
     arms = {}
-    for level in data.clutter_levels:
+    for level in kit.progress(data.clutter_levels, f"seed {seed}: clutter levels"):
         metrics = evaluate(hide, [e for e in test if e["clutter"] == level], args.oracle_margin)
         for arm, values in metrics.items():
             arms[f"{arm}/clutter{level}"] = values
