@@ -42,12 +42,13 @@ def probe(policy, seed: int, persona: str, num_test: int, plot_dir: str | None =
     model.policy = policy
     with tempfile.TemporaryDirectory() as scratch:  # the tree PNG/JSON of runs not kept go to a scratch folder
         model.hparams.plot_dir = plot_dir or scratch
-        kit.quiet_trainer().test(model, datamodule=data)
+        kit.quiet_trainer().test(model, datamodule=data, verbose=False)
     return {k: float(v) for k, v in model.results["metrics"].items() if k in METRICS}
 
 
-def train_lm(size: str, seed: int, steps: int, num_train: int):
+def train_lm(size: str, seed: int, steps: int, num_train: int, loss_on: str = "all"):
     model, data = kit.from_config(f"configs/{PAPER}/lm_{size}_quick.yaml", f"--seed_everything={seed}",
+                                  f"--data.init_args.loss_on={loss_on}",
                                   f"--data.init_args.seed={seed}", f"--data.init_args.num_train={num_train}",
                                   f"--trainer.max_steps={steps}")
     kit.quiet_trainer(max_steps=steps, limit_val_batches=0).fit(model, datamodule=data)
@@ -91,6 +92,9 @@ def plot(arms: dict, per_seed: list, path) -> None:
 def main(argv: list[str] | None = None) -> dict:
     parser = kit.experiment_parser(__doc__.splitlines()[0], seeds=3)
     parser.add_argument("--steps", type=int, default=None, help="training steps per LM (default 1000; smoke 15)")
+    parser.add_argument("--loss-on", choices=("all", "label"), default="all",
+                        help="LM loss on every token (plain language modelling) or on the label only")
+    parser.add_argument("--name", default=PAPER, help="result file name (default emotion_hierarchy)")
     args = parser.parse_args(argv)
     kit.quiet_single_thread()
     steps = args.steps or (15 if args.smoke else 1000)
@@ -104,8 +108,8 @@ def main(argv: list[str] | None = None) -> dict:
         row["lm-untrained"] = probe(TinyGPT(vocab_size=236, n_layer=4, d_model=128, n_head=4, context_length=16),
                                     seed, "neutral", num_test)
         for size in SIZES:
-            policy = train_lm(size, seed, steps, num_train)
-            tree_dir = str(out / f"{PAPER}_tree") if (size == "large" and seed == 0) else None
+            policy = train_lm(size, seed, steps, num_train, args.loss_on)
+            tree_dir = str(out / f"{args.name}_tree") if (size == "large" and seed == 0) else None
             row[f"lm-{size}"] = probe(policy, seed, "neutral", num_test, tree_dir)
             if size == "large":
                 row["lm-large/persona-neutral"] = dict(row["lm-large"])
@@ -116,12 +120,14 @@ def main(argv: list[str] | None = None) -> dict:
     accuracy = [r[f"lm-{s}"]["acc_fine"] for r in per_seed for s in SIZES]
     r_value = float(np.corrcoef(lengths, accuracy)[0, 1]) if np.std(lengths) > 0 and np.std(accuracy) > 0 else 0.0
     wall = time.time() - start
-    result = kit.write_result(PAPER, seeds=args.seeds, wall_s=wall, out=out, arms=arms, per_seed=per_seed,
+    result = kit.write_result(PAPER, name=args.name, seeds=args.seeds, wall_s=wall, out=out, arms=arms,
+                              per_seed=per_seed,
                               config={"steps": steps, "num_train": num_train, "num_test": num_test,
                                       "sizes": {"small": "1x16", "medium": "2x32", "large": "4x128"},
-                                      "threshold": 0.3, "bias_rate": 0.3, "smoke": args.smoke},
+                                      "threshold": 0.3, "bias_rate": 0.3, "loss_on": args.loss_on,
+                                      "smoke": args.smoke},
                               correlation={"total_path_length_vs_acc_fine_pearson_r": r_value, "points": len(lengths)})
-    plot(arms, per_seed, out / f"{PAPER}.png")
+    plot(arms, per_seed, out / f"{args.name}.png")
     print(kit.markdown_table(arms, METRICS))
     print(f"Pearson r(total path length, fine accuracy) over {len(lengths)} trained runs: {r_value:.3f}; "
           f"wall {wall:.0f} s")

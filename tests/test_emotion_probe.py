@@ -180,7 +180,8 @@ def test_scenario_file_probe_of_a_local_transformers_model(tmp_path):
     scenarios = tmp_path / "scenarios.txt"
     scenarios.write_text("I won\tjoy\nI lost my dog\tgrief\nmy dog\n")
     cli = run_cli("test", "--config", config_path("configs/emotion_hierarchy/paper.yaml"), *QUIET,
-                  f"--model.init_args.policy.init_args.path={folder}", "--model.init_args.policy.init_args.dtype=float32",
+                  f"--model.init_args.policy.init_args.path={folder}",
+                  "--model.init_args.policy.init_args.dtype=float32",
                   "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.precision=32-true",
                   f"--data.init_args.scenario_file={scenarios}", f"--data.init_args.tokenizer_path={folder}",
                   f"--model.init_args.plot_dir={tmp_path / 'out'}")
