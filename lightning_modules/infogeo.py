@@ -245,7 +245,9 @@ class Encoder(nn.Module):
             if not os.path.isfile(weights):
                 raise UserInputError(f"encoder_weights '{weights}' does not exist: put the {name} weights (timm "
                                      "state_dict, .pth/.bin/.safetensors) there; nothing is downloaded.")
-            kwargs = {"pretrained": True, "pretrained_cfg_overlay": {"file": os.path.abspath(weights)}}
+            # "source" other than hf-hub: timm then loads the file and never reaches for the hub
+            kwargs = {"pretrained": True,
+                      "pretrained_cfg_overlay": {"file": os.path.abspath(weights), "source": "file"}}
         probe = timm.create_model(name, pretrained=False, num_classes=0) if "vit" in name or "dinov2" in name \
             else None
         if probe is not None and hasattr(probe, "patch_embed"):
