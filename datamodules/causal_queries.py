@@ -133,12 +133,12 @@ CUES = {
             "{r} of at least {c}, a strict threshold", "{subject} just above the cutoff of {c} in {r} received "
             "{t}; those just below did not"],
     "did_canonical": ["{y} was measured before and after {t} started, for a treated group and a comparison group "
-                      "of {g}s", "one set of {g}s introduced {t} in the second period while the others did not; "
-                      "both are observed in both periods", "a panel of {g}s observed before and after the change, "
+                      "of {gs}", "one set of {gs} introduced {t} in the second period while the others did not; "
+                      "both are observed in both periods", "a panel of {gs} observed before and after the change, "
                       "only some of which were exposed to {t}"],
-    "did_twfe": ["different {g}s adopted {t} in different years (staggered adoption); each {g} is observed every "
-                 "{tm}", "a panel of {g}s over several {tm}s, with {t} rolled out at different times",
-                 "{t} was introduced gradually: {g}s switched on in different periods and stayed treated"],
+    "did_twfe": ["different {gs} adopted {t} in different years (staggered adoption); each {g} is observed every "
+                 "{tm}", "a panel of {gs} over several {tms}, with {t} rolled out at different times",
+                 "{t} was introduced gradually: {gs} switched on in different periods and stayed treated"],
     "frontdoor": ["{t} affects {y} only through {m}; unobserved factors confound {t} and {y} but not {m}",
                   "the whole effect of {t} runs through {m}, which is measured, while the direct link between {t} "
                   "and {y} is confounded", "hidden confounders affect both {t} and {y}; {m} fully mediates the "
@@ -146,6 +146,10 @@ CUES = {
 }
 QUESTIONS = ["What is the effect of {t} on {y}?", "How much does {t} change {y}?",
              "Estimate the causal effect of {t} on {y}.", "Does {t} affect {y}, and by how much?"]
+
+
+def _plural(word: str) -> str:
+    return word[:-1] + "ies" if word.endswith("y") else word + "s"
 
 
 def _pick(rng, options):
@@ -235,7 +239,8 @@ def generate_query(design: str, seed: int, rows: int = 1000) -> dict:
         cols[g_name], cols[tm_name], cols[t] = unit.astype(float), period.astype(float) + 2000, d
         cols[y] = 20 + unit_effect[unit] + time_effect[period] + effect * d + xc @ (v2 * 0.5) + rng.normal(0, 1, n)
         roles.update(group=g_name, time=tm_name)
-        cue.update(g=g_name.replace("_", " "), tm=tm_name.replace("_", " "))
+        cue.update(g=g_name.replace("_", " "), tm=tm_name.replace("_", " "), gs=_plural(g_name.replace("_", " ")),
+                   tms=_plural(tm_name.replace("_", " ")))
     elif design == "frontdoor":
         m_name = _pick(rng, theme["mediator"])
         a, b = rng.uniform(1, 3), rng.uniform(1, 3) * np.sign(effect)
@@ -249,9 +254,8 @@ def generate_query(design: str, seed: int, rows: int = 1000) -> dict:
     frame = pd.DataFrame(cols)
     frame = frame[list(rng.permutation(frame.columns))]  # column order carries no hint
     text = dict(t=t.replace("_", " "), y=y.replace("_", " "), subject=theme["subject"], **cue)
-    key = "did_canonical" if design == "did_canonical" else design
     description = (f"A {theme_name} dataset of {theme['subject']} ({len(frame)} rows). "
-                   + _pick(rng, CUES[key]).format(**text).capitalize() + ". The data record "
+                   + _pick(rng, CUES[design]).format(**text).capitalize() + ". The data record "
                    + ", ".join(c.replace("_", " ") for c in frame.columns) + ".")
     return {"name": f"synthetic/{design}/{seed}", "source": "synthetic", "design": design,
             "query": _pick(rng, QUESTIONS).format(**text), "description": description,

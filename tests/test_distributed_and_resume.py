@@ -130,6 +130,7 @@ DDP_FAMILIES = {
     "dynamics_ensemble": ("configs/phyb/ensemble_quick.yaml", [], ()),
     "phyb": ("configs/phyb/quick.yaml", [], (r"val/td_error",)),  # V(s') samples candidate actions per process
     "infogeo": ("configs/infogeo/quick.yaml", [], ()),  # retrieval descriptors gathered once, ranked once
+    "causal_agent": ("configs/causcibench/quick.yaml", [], ()),
     "speech_content_pretraining": ("configs/pclm/pretrain_quick.yaml", [], ()),
     "audio_language_model": ("configs/pclm/quick.yaml", [], ()),
     "audio_dpo": ("configs/pclm/dpo_quick.yaml", [], ()),
