@@ -149,16 +149,22 @@ def symmetric_info_nce(desc_q: Tensor, desc_g: Tensor, logit_scale: Tensor, labe
 
 # ============================================================================================ retrieval metrics
 def retrieval_metrics(query: Tensor, query_ids: Tensor, gallery: Tensor, gallery_ids: Tensor,
-                      ks: tuple[int, ...] = (1, 5, 10)) -> dict[str, float]:
+                      ks: tuple[int, ...] = (1, 5, 10), strict: bool = True) -> dict[str, float]:
     """Recall@k, Recall@top-1% and AP (in %) of cosine-similarity ranking; gallery ids -1 (junk) are dropped.
 
     AP is the University-1652 form: for the true matches at 0-based ranks ``p_1 < ... < p_n`` (junk removed),
     ``AP = sum_i (1/n) ((i - 1) / p_i + i / (p_i + 1)) / 2`` with ``(i - 1) / p_i := 1`` when ``p_i = 0``.
-    Every query needs at least one gallery image of its location (`UserInputError` otherwise)."""
+    Every query needs at least one gallery image of its location (`UserInputError` otherwise); ``strict=False``
+    (a partial pass: the sanity check, ``limit_*_batches``) scores only the queries whose location it saw, and
+    returns ``{}`` when none is left."""
     keep = gallery_ids != -1
     gallery, gallery_ids = gallery[keep], gallery_ids[keep]
     missing = ~torch.isin(query_ids, gallery_ids)
-    if missing.any():
+    if not strict:
+        query, query_ids = query[~missing], query_ids[~missing]
+        if not len(query_ids):
+            return {}
+    elif missing.any():
         absent = sorted(set(query_ids[missing].tolist()))
         raise UserInputError(f"{int(missing.sum())} queries have no gallery image of their location (ids "
                              f"{absent[:8]}{' ...' if len(absent) > 8 else ''}): every query location must appear in "
@@ -189,6 +195,7 @@ class GeoRetrieval(Metric):
 
     def __init__(self) -> None:
         super().__init__()
+        self.strict = True   # False for a partial pass (see `retrieval_metrics`)
         self.add_state("descriptors", default=[], dist_reduce_fx="cat")
         self.add_state("ids", default=[], dist_reduce_fx="cat")
         self.add_state("is_query", default=[], dist_reduce_fx="cat")
@@ -201,9 +208,9 @@ class GeoRetrieval(Metric):
     def compute(self) -> dict[str, Tensor]:
         desc, ids, query = (torch.cat(s) if isinstance(s, list) else s
                             for s in (self.descriptors, self.ids, self.is_query))
-        if not query.any() or query.all():
+        if self.strict and (not query.any() or query.all()):
             raise UserInputError("the evaluation set needs both drone queries and satellite gallery images.")
-        values = retrieval_metrics(desc[query], ids[query], desc[~query], ids[~query])
+        values = retrieval_metrics(desc[query], ids[query], desc[~query], ids[~query], strict=self.strict)
         return {k: torch.tensor(v) for k, v in values.items()}
 
 
@@ -591,6 +598,10 @@ class InfoGeo(PaperModule):
         metric.update(self.encode(images), ids, is_query)
 
     def _log_retrieval(self, metric: GeoRetrieval, prefix: str) -> None:
+        trainer = self.trainer
+        limit = trainer.limit_val_batches if prefix == "val" else trainer.limit_test_batches
+        # a partial pass (sanity check, limit_*_batches < all) scores only the queries whose location it saw
+        metric.strict = not trainer.sanity_checking and isinstance(limit, float) and limit >= 1.0
         values = metric.compute()
         metric.reset()
         self.log_dict({f"{prefix}/{k}": v.float() for k, v in values.items()}, prog_bar=prefix == "val")

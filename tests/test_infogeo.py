@@ -100,6 +100,9 @@ def test_retrieval_metrics_on_a_hand_example():
     assert out["ap"] == pytest.approx(100 * (ap0 + ap1) / 2)
     with pytest.raises(UserInputError, match="no gallery image of their location"):
         retrieval_metrics(query, torch.tensor([1, 5]), gallery, gallery_ids)
+    partial = retrieval_metrics(query, torch.tensor([1, 5]), gallery, gallery_ids, strict=False)   # query 0 only
+    assert partial["ap"] == pytest.approx(100 * ap0) and partial["r1"] == 0.0
+    assert retrieval_metrics(query, torch.tensor([7, 5]), gallery, gallery_ids, strict=False) == {}
 
 
 def test_geo_retrieval_metric_gathers_then_ranks_once():
