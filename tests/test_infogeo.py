@@ -248,9 +248,10 @@ def test_bad_data_input_is_one_clear_error(tmp_path):
         GeoLocalizationDataModule(dataset="sues200", data_dir=str(tmp_path), image_size=8).setup("fit")
     with pytest.raises(UserInputError, match="needs data_dir"):
         GeoLocalizationDataModule(dataset="denseuav").setup("fit")
-    bad = tmp_path / "train" / "drone" / "0001" / "image-0.jpeg"
-    bad.write_bytes(b"not an image")
-    data = GeoLocalizationDataModule(dataset="university1652", data_dir=str(tmp_path), image_size=8)
+    good = tmp_path / "good"
+    _university(good)
+    (good / "train" / "drone" / "0001" / "image-0.jpeg").write_bytes(b"not an image")
+    data = GeoLocalizationDataModule(dataset="university1652", data_dir=str(good), image_size=8)
     data.setup("fit")
     with pytest.raises(UserInputError, match="could not be read"):
         data.train_set[0]
