@@ -55,6 +55,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
+from datamodules.sampling import evaluation_sampler, training_sampler
 from lightning_modules.errors import UserInputError, check_range
 
 SAMPLE_RATE = 16_000
@@ -394,10 +395,14 @@ class ParalinguisticSpeechDataModule(LightningDataModule):
                        for split in records}
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        generator = torch.Generator().manual_seed(self.hparams.seed) if shuffle else None
-        return DataLoader(self.splits[split], batch_size=self.hparams.batch_size, shuffle=shuffle,
-                          generator=generator, collate_fn=collate_spoken_questions,
-                          num_workers=self.hparams.num_workers)
+        # epoch-seeded shuffling (exact resume: the order of epoch e depends only on seed and e); evaluation is
+        # sharded without padding duplicates under DDP
+        dataset = self.splits[split]
+        sampler = (training_sampler(len(dataset), self.hparams.seed, self.trainer) if shuffle
+                   else evaluation_sampler(dataset, self.trainer))
+        return DataLoader(dataset, batch_size=self.hparams.batch_size, sampler=sampler,
+                          collate_fn=collate_spoken_questions, num_workers=self.hparams.num_workers,
+                          persistent_workers=self.hparams.num_workers > 0)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", shuffle=True)
