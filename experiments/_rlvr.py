@@ -57,7 +57,7 @@ def add_rlvr_arguments(parser: argparse.ArgumentParser, steps: int, batch: int =
 def apply_smoke(args: argparse.Namespace) -> argparse.Namespace:
     """Seconds-long sizes for ``--smoke`` (the pipeline, not the claim)."""
     args.steps, args.batch, args.rollouts, args.pool, args.test_pool = 2, 8, 2, 16, 16
-    args.tiers, args.sft_steps, args.sft_batch = [2, 3], 5, 8
+    args.tiers, args.sft_steps, args.sft_batch, args.tier_shares = [2, 3], 5, 8, None
     return args
 
 
