@@ -180,7 +180,7 @@ def generate_query(design: str, seed: int, rows: int = 1000) -> dict:
     covs = _covariates(rng, rows, theme["covariates"], int(rng.integers(2, 5)))
     x = np.column_stack(list(covs.values()))
     xc = (x - x.mean(0)) / np.maximum(x.std(0), 1e-9)
-    effect = float(rng.uniform(1.0, 10.0) * (1 if rng.random() < 0.75 else -1))
+    effect = float(rng.uniform(2.0, 10.0) * (1 if rng.random() < 0.75 else -1))
     v1, v2 = rng.uniform(-1, 1, x.shape[1]), rng.uniform(-2, 2, x.shape[1])
     eps = rng.normal(0, 1, rows)
     cols, roles, cue = dict(covs), _roles(treatment=t, outcome=y, controls=list(covs)), {}
@@ -197,15 +197,15 @@ def generate_query(design: str, seed: int, rows: int = 1000) -> dict:
         u = rng.normal(0, 1, rows)
         d = np.round(1.0 * z + xc @ v1 + rng.normal(0, 1, rows) + 30 + 2.0 * u)
         cols[z_name], cols[t] = z, d
-        cols[y] = effect * d + xc @ v2 + eps + 50 + 3.0 * u
+        cols[y] = effect * d + xc @ v2 + eps + 50 + 2.0 * u
         roles["instrument"], cue["z"] = z_name, z_name.replace("_", " ")
     elif design == "iv_encouragement":
         z_name = _pick(rng, theme["encouragement"])
         z = rng.binomial(1, 0.5, rows).astype(float)
         u = rng.normal(0, 1, rows)
-        d = (1.5 * z + 0.5 * (xc @ v1) + u + rng.normal(0, 0.5, rows) > 0.75).astype(float)
+        d = (2.0 * z + 0.5 * (xc @ v1) + u + rng.normal(0, 0.5, rows) > 1.0).astype(float)
         cols[z_name], cols[t] = z, d
-        cols[y] = effect * d + xc @ v2 + eps + 50 + 3.0 * u
+        cols[y] = effect * d + xc @ v2 + eps + 50 + 2.0 * u
         roles["instrument"], cue["z"] = z_name, z_name.replace("_", " ")
     elif design == "rdd":
         r_name = _pick(rng, theme["running"])
