@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> dict:
         torch.manual_seed(seed)
         row["lm-untrained"] = probe(TinyGPT(vocab_size=236, n_layer=4, d_model=128, n_head=4, context_length=16),
                                     seed, "neutral", num_test)
-        for size in SIZES:
+        for size in kit.progress(SIZES, f"seed {seed}: LM sizes"):
             policy = train_lm(size, seed, steps, num_train, args.loss_on)
             tree_dir = str(out / f"{args.name}_tree") if (size == "large" and seed == 0) else None
             row[f"lm-{size}"] = probe(policy, seed, "neutral", num_test, tree_dir)
