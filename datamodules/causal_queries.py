@@ -48,6 +48,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, TensorDataset
 
+from datamodules.sampling import evaluation_sampler, training_sampler
 from lightning_modules.errors import UserInputError
 
 METHOD_LABELS = ("ols", "regression_adjustment", "matching", "ipw", "did", "iv", "rdd", "frontdoor", "glm")
@@ -668,12 +669,15 @@ class CausalQueryDataModule(LightningDataModule):
                              torch.tensor([METHOD_LABELS.index(q["method"]) for q in queries]))
 
     def train_dataloader(self):
-        generator = torch.Generator().manual_seed(self.hparams.seed)
-        return DataLoader(self.tensors(self.train_queries), batch_size=self.hparams.batch_size, shuffle=True,
-                          generator=generator)
+        # epoch-seeded order: a run resumed from a checkpoint sees the same batches as an uninterrupted one
+        train = self.tensors(self.train_queries)
+        return DataLoader(train, batch_size=self.hparams.batch_size,
+                          sampler=training_sampler(len(train), self.hparams.seed, self.trainer))
 
     def val_dataloader(self):
-        return DataLoader(self.tensors(self.val_queries), batch_size=self.hparams.batch_size)
+        val = self.tensors(self.val_queries)
+        return DataLoader(val, batch_size=self.hparams.batch_size, sampler=evaluation_sampler(val, self.trainer))
 
     def test_dataloader(self):
-        return DataLoader(self.test_queries, batch_size=self.hparams.test_batch_size, collate_fn=_collate_queries)
+        return DataLoader(self.test_queries, batch_size=self.hparams.test_batch_size, collate_fn=_collate_queries,
+                          sampler=evaluation_sampler(self.test_queries, self.trainer))
