@@ -34,6 +34,10 @@ Method labels are normalised to the closed set of `METHOD_LABELS` (the same set 
 
 `query_features` (the learned method selector's input) sees only the question, the description and the data
 file (column names and simple structure), never the roles or the reference method.
+
+Length: one data family read top to bottom (the synthetic designs, the causaldata queries with their
+reference effects, the benchmark's file layout and the selector's features share the query dictionary defined
+here); the estimators live in `lightning_modules/causal_estimators.py`.
 """
 from __future__ import annotations
 

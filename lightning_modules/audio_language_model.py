@@ -51,6 +51,9 @@ RECONSTRUCTIONS and deviations:
   Qwen2-Audio, the MLP of Audio Flamingo 3); any projector clones the same way.
 * `HFWhisperEncoder` / `HFLanguageModel` make ``configs/pclm/paper.yaml`` (Qwen2-Audio-7B) well-formed; a real run
   also needs Qwen's tokenizer in the datamodule, which this collection does not wire up (not run here).
+
+Length: one paper's model read top to bottom (feature extraction, the two encoder and LM backends, the PCLM
+switch and its metrics); DPO lives in `audio_dpo.py`, the data in `datamodules/paralinguistic_speech.py`.
 """
 from __future__ import annotations
 

@@ -51,6 +51,9 @@ protocol: trapezoidal precision over all true matches, gallery ids -1 = junk rem
 Deviations: the relational distillation of "InfoGeo*" (appendix) is not implemented; the loss weights of CACS and
 CSRR are configurable guesses; the CPU configs train a small encoder (``freeze_encoder: false``) because no small
 pretrained encoder is available offline.
+
+Length: one paper's model read top to bottom (slot attention, decoder, CACS, CSRR, fusion, aggregator and the
+exact retrieval metric each depend on the previous); the data lives in `datamodules/geo_localization.py`.
 """
 from __future__ import annotations
 
