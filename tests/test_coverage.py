@@ -50,6 +50,14 @@ EXEMPT = {
     "WSDSchedule": "LDARNet's warm-up/stable/decay schedule, used by configs/ldarnet/pretrain_paper.yaml",
     # backbones that need a local model folder (no quick config can build them offline)
     "QwenVLBackbone": "needs a local Qwen2.5-VL folder; tests/test_hide.py runs it on a tiny random model",
+    "HFWhisperEncoder": "the paper configs' audio tower from a local folder; tests/test_pclm.py builds one from a "
+                        "transformers config",
+    "HFLanguageModel": "the paper configs' LM from a local folder; tests/test_pclm.py builds a GPT-2 from a config",
+    # test/predict only: there is nothing to fit, so it has a probe.yaml, not a quick config (the harness fits
+    # every quick config); tests/test_emotion_probe.py runs probe.yaml through the CLI and on two processes
+    "EmotionProbe": "probes a trained LM (configs/emotion_hierarchy/probe.yaml, tests/test_emotion_probe.py)",
+    "EmotionTreeMetric": "EmotionProbe's tree metric (tests/test_emotion_probe.py pins it by hand)",
+    "RecognitionMetric": "EmotionProbe's recognition metric (tests/test_emotion_probe.py pins it by hand)",
     # progress bars: train.py attaches one to every run that shows a bar (tests/test_cli.py checks it); the config
     # harness runs with the bar off
     "RunProgressBar": "the default progress bar of train.py (Rich)",
@@ -175,11 +183,24 @@ def test_the_class_discovery_sees_every_kind():
     assert {"RewardFunction", "RolloutAllocator", "RolloutEngine"} <= bases, bases
 
 
+# evaluation-only configs (`test` / `predict`, nothing to fit, so the fitting harness cannot run them), each with
+# the test that runs it
+EVALUATION_CONFIGS = {
+    "configs/emotion_hierarchy/probe.yaml": "tests/test_emotion_probe.py::test_lm_training_then_probe_through_the_cli",
+}
+
+
 def test_every_training_config_is_run_by_the_harness():
-    """A config under configs/<paper>/ is a quick config (run by the harness) or a paper config (parsed)."""
+    """A config under configs/<paper>/ is a quick config (run by the harness), a paper config (parsed) or an
+    evaluation-only config run by its paper's test."""
     stray = sorted(str(p.relative_to(REPO)) for p in REPO.glob("configs/*/*.yaml")
                    if p.parent.name not in ("sweeps", "trainer", "logger")
-                   and not p.name.endswith(("quick.yaml", "paper.yaml")))
+                   and not p.name.endswith(("quick.yaml", "paper.yaml"))
+                   and str(p.relative_to(REPO)) not in EVALUATION_CONFIGS)
+    for config, test in EVALUATION_CONFIGS.items():
+        test_file, test_name = test.split("::")
+        assert (REPO / config).is_file() and f"def {test_name}(" in (REPO / test_file).read_text(), config
+        assert config.split("configs/")[1] in (REPO / test_file).read_text(), f"{test} does not run {config}"
     assert not stray, f"configs the harness never runs (name them *quick.yaml or *paper.yaml): {stray}"
     assert "configs/trew/retrain_quick.yaml" in QUICK_CONFIGS
 

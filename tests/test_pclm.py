@@ -17,8 +17,9 @@ from datamodules.paralinguistic_speech import (ParalinguisticSpeechDataModule, c
                                                espeak_binary, generate_items, read_question_file, read_wav,
                                                synthesise)
 from lightning_modules.audio_dpo import AudioDPO, dpo_loss, pick_negatives
-from lightning_modules.audio_language_model import (AudioLanguageModel, HFWhisperEncoder, MixingWeights,
-                                                    OptionAgreement, SpeechEncoder, TinyAudioLM, masked_pool)
+from lightning_modules.audio_language_model import (AudioLanguageModel, HFLanguageModel, HFWhisperEncoder,
+                                                    MixingWeights, OptionAgreement, SpeechEncoder, TinyAudioLM,
+                                                    masked_pool)
 from lightning_modules.errors import UserInputError
 
 needs_espeak = pytest.mark.skipif(espeak_binary() is None, reason="espeak-ng is not installed (apt-get install "
@@ -161,6 +162,26 @@ def test_whisper_encoder_from_a_transformers_config_exposes_every_layer():
     assert mask.sum(1).tolist() == [46, 24]          # frames (n - 400) // 160 + 1 = 91, 48; stride 2 -> 46, 24
     with pytest.raises(UserInputError, match="at most 100 frames"):
         encoder(torch.randn(1, 17000), torch.tensor([17000]))
+
+
+def test_transformers_language_model_from_a_config_follows_the_tiny_lm_interface():
+    """HFLanguageModel (the paper config's Qwen2 LM, here a GPT-2 from a config) speaks TinyAudioLM's interface:
+    embed -> forward(embeddings, mask) -> logits, and padding after a sequence leaves its real positions alone."""
+    torch.manual_seed(0)
+    lm = HFLanguageModel(config={"model_type": "gpt2", "n_embd": 32, "n_layer": 1, "n_head": 2, "vocab_size": 50,
+                                 "n_positions": 64}).eval()
+    assert (lm.width, lm.vocab_size) == (32, 50)
+    ids = torch.randint(50, (2, 7))
+    mask = torch.ones(2, 7, dtype=torch.bool)
+    mask[1, 5:] = False
+    hidden = lm(lm.embed(ids), mask)
+    assert hidden.shape == (2, 7, 32) and lm.logits(hidden).shape == (2, 7, 50)
+    alone = lm(lm.embed(ids[1:, :5]), mask[1:, :5])
+    torch.testing.assert_close(hidden[1, :5], alone[0], atol=1e-5, rtol=1e-4)
+    with pytest.raises(UserInputError, match="exactly one of"):
+        HFLanguageModel()
+    with pytest.raises(UserInputError, match="lacks `model_type`"):
+        HFLanguageModel(config={"n_embd": 32})
 
 
 # ============================================================================================ errors
