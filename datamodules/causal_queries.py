@@ -53,38 +53,14 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, TensorDataset
 
 from datamodules.sampling import evaluation_sampler, training_sampler
+from lightning_modules.causal_methods import METHODS as METHOD_LABELS, SYNONYMS as _SYNONYMS  # noqa: F401
+from lightning_modules.causal_methods import normalise_method
 from lightning_modules.errors import UserInputError
 
-METHOD_LABELS = ("ols", "regression_adjustment", "matching", "ipw", "did", "iv", "rdd", "frontdoor", "glm")
-_SYNONYMS = {
-    "ols": "ols", "linear regression": "ols", "regression": "ols", "rct": "ols", "difference in means": "ols",
-    "diff in means": "ols", "randomized controlled trial": "ols",
-    "regression adjustment": "regression_adjustment", "outcome regression": "regression_adjustment",
-    "backdoor adjustment": "regression_adjustment",
-    "matching": "matching", "propensity score matching": "matching", "psm": "matching", "observational": "matching",
-    "ipw": "ipw", "inverse probability weighting": "ipw", "propensity score weighting": "ipw",
-    "did": "did", "diff in diff": "did", "difference in differences": "did", "did canonical": "did",
-    "did twfe": "did", "twfe": "did", "two way fixed effects": "did",
-    "iv": "iv", "iv 2sls": "iv", "2sls": "iv", "instrumental variable": "iv", "instrumental variables": "iv",
-    "iv encouragement": "iv",
-    "rdd": "rdd", "regression discontinuity": "rdd", "regression discontinuity design": "rdd", "sharp rdd": "rdd",
-    "frontdoor": "frontdoor", "front door": "frontdoor", "front door adjustment": "frontdoor",
-    "glm": "glm", "logistic regression": "glm", "logit": "glm", "probit": "glm", "poisson regression": "glm",
-}
-_SYNONYMS.update({m.replace("_", " "): m for m in METHOD_LABELS})
 DESIGNS = ("rct", "observational", "iv", "iv_encouragement", "rdd", "did_canonical", "did_twfe", "frontdoor")
 DESIGN_METHOD = {"rct": "ols", "observational": "matching", "iv": "iv", "iv_encouragement": "iv", "rdd": "rdd",
                  "did_canonical": "did", "did_twfe": "did", "frontdoor": "frontdoor"}
 ROLE_KEYS = ("treatment", "outcome", "controls", "instrument", "running", "cutoff", "time", "group", "mediator")
-
-
-def normalise_method(raw, where: str = "") -> str:
-    """The closed label of a raw method label; `UserInputError` naming ``where`` (file, query) if unknown."""
-    key = re.sub(r"[\s_\-]+", " ", str(raw).strip().lower()).strip()
-    if key not in _SYNONYMS:
-        raise UserInputError(f"{where}unknown method label {raw!r}; use one of {list(METHOD_LABELS)} or a synonym "
-                             f"({sorted(_SYNONYMS)}).")
-    return _SYNONYMS[key]
 
 
 def _roles(**given) -> dict:

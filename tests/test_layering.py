@@ -22,7 +22,7 @@ PACKAGES = ("lightning_modules", "datamodules", "callbacks")
 PROJECT = {*PACKAGES, "train", "experiments", "tests"}
 # the only model modules a datamodule may import: the shared error type and the pure answer-checking helpers
 # (the RLVR verifier and the multi-answer format, which the SFT targets of many_answer_tasks are written in)
-DATAMODULE_ALLOWED = {"lightning_modules.errors", "lightning_modules.answers",
+DATAMODULE_ALLOWED = {"lightning_modules.errors", "lightning_modules.answers", "lightning_modules.causal_methods",
                       "lightning_modules.multi_answer_protocol"}
 FORBIDDEN = {
     "lightning_modules": {"datamodules", "callbacks", "experiments", "train", "tests"},
