@@ -1,6 +1,6 @@
 """Emotion hierarchies emerge with model size (arXiv 2507.10599, Figs. 2-3 and Sec. 5) at CPU scale.
 
-Three TinyGPT language models (configs/emotion_hierarchy/lm_{small,medium,large}_quick.yaml: 1x16, 2x32 and
+Three TinyGPT language models (configs/emotion_hierarchy/{quick,lm_medium_quick,lm_large_quick}.yaml: 1x16, 2x32 and
 4x128 layers x width) are trained by `SupervisedWarmup` for the same number of steps on the planted-hierarchy
 corpus (6 Shaver basic emotions as parents, 4 Shaver children each, surprise 2; label noise leaf .55 / parent .30 /
 sibling .10 / random .05; two personas, the "biased" one relabelling 30% of fear-family labels as anger-family).
@@ -46,8 +46,13 @@ def probe(policy, seed: int, persona: str, num_test: int, plot_dir: str | None =
     return {k: float(v) for k, v in model.results["metrics"].items() if k in METRICS}
 
 
+# the small LM is the paper's quick config (what newcomers run first); the two larger ones are its siblings
+LM_CONFIGS = {"small": f"configs/{PAPER}/quick.yaml", "medium": f"configs/{PAPER}/lm_medium_quick.yaml",
+              "large": f"configs/{PAPER}/lm_large_quick.yaml"}
+
+
 def train_lm(size: str, seed: int, steps: int, num_train: int, loss_on: str = "all"):
-    model, data = kit.from_config(f"configs/{PAPER}/lm_{size}_quick.yaml", f"--seed_everything={seed}",
+    model, data = kit.from_config(LM_CONFIGS[size], f"--seed_everything={seed}",
                                   f"--data.init_args.loss_on={loss_on}",
                                   f"--data.init_args.seed={seed}", f"--data.init_args.num_train={num_train}",
                                   f"--trainer.max_steps={steps}")

@@ -201,7 +201,7 @@ def test_scenario_file_probe_of_a_local_transformers_model(tmp_path):
 
 # --------------------------------------------------------------------------------------------- CLI chain
 def test_lm_training_then_probe_through_the_cli(tmp_path):
-    fit = run_cli("fit", "--config", config_path("configs/emotion_hierarchy/lm_small_quick.yaml"), *QUIET,
+    fit = run_cli("fit", "--config", config_path("configs/emotion_hierarchy/quick.yaml"), *QUIET,
                   "--trainer.max_steps=3", "--trainer.limit_val_batches=1", "--data.init_args.num_train=256",
                   f"--trainer.default_root_dir={tmp_path}")
     ckpt = tmp_path / "lm.ckpt"
