@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--ensemble-steps", type=int, default=60, help="ensemble batches per epoch")
     parser.add_argument("--steps", type=int, default=500, help="actor-critic training steps per arm")
     parser.add_argument("--episodes", type=int, default=20, help="real-environment evaluation episodes")
+    parser.add_argument("--name", default="phyb", help="name of the JSON and PNG in --out")
     args = parser.parse_args(argv)
     if args.smoke:
         args.transitions, args.ensemble_epochs, args.ensemble_steps, args.steps, args.episodes = 500, 1, 3, 3, 2
@@ -117,11 +118,11 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         per_seed = [run_seed(seed, args, folder) for seed in kit.progress(range(args.seeds), "seeds")]
     arms = kit.summarise(per_seed)
-    config = {key: value for key, value in vars(args).items() if key not in ("seeds", "out")}
+    config = {key: value for key, value in vars(args).items() if key not in ("seeds", "out", "name")}
     config["configs"] = {"ensemble": ENSEMBLE, "policy": POLICY}
     result = kit.write_result(PAPER, seeds=args.seeds, wall_s=time.time() - start, config=config, arms=arms,
-                              per_seed=per_seed, out=args.out, name="phyb")
-    plot(arms, args.envs, os.path.join(args.out, "phyb.png"))
+                              per_seed=per_seed, out=args.out, name=args.name)
+    plot(arms, args.envs, os.path.join(args.out, f"{args.name}.png"))
     for env in args.envs:
         table = {arm: cells for arm, cells in arms.items() if arm.startswith(env + "/")}
         print(f"\n{env}\n{kit.markdown_table(table, ['return', 'q_overestimation', 'behaviour_return'])}")

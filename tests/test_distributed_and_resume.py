@@ -50,10 +50,11 @@ def _checkpoint_of(cli, directory: Path) -> str:
 
 # RL fine-tuning from a 2-step warm-up samples no correct answer: every reward is 0, every advantage 0 (and DARS
 # drops every group), so the weights would never move and the comparison would prove nothing. These configs start
-# from a warm-up trained long enough for some rollouts to succeed in every epoch (DARS-Breadth's single 32-prompt
-# batch has no mixed group left after a 200-step warm-up, so it gets a shorter one). The step counts depend on
-# the warm-up's data order: GRPO's needed 200 once the replay sampler gave back the original order (100 before).
-LEARNT_PREREQUISITE_STEPS = {"configs/dars/breadth_quick.yaml": 100, "configs/dars/quick.yaml": 200,
+# from a warm-up trained long enough for some rollouts to succeed in every epoch. DARS takes an optimiser step
+# only when a batch has a mixed group; after short warm-ups (100-300 steps) whether epochs 2-3 have one turned on
+# floating-point details that change between torch releases, so both DARS configs start from a 1000-step warm-up
+# (measured with torch 2.14: 2 steps in the first epoch and 2-4 more in the next two, for both configs).
+LEARNT_PREREQUISITE_STEPS = {"configs/dars/breadth_quick.yaml": 1000, "configs/dars/quick.yaml": 1000,
                              "configs/grpo/quick.yaml": 200, "configs/knapsack_rl/quick.yaml": 200,
                              "configs/multi_answer_rl/quick.yaml": 100}
 
@@ -78,7 +79,9 @@ def test_resume_after_an_epoch_equals_an_uninterrupted_fit(config, tmp_path, pre
     ckpt = _checkpoint_of(first, tmp_path / "first")
     resumed = _in(tmp_path / "resumed", *common, "--trainer.max_epochs=3", f"--ckpt_path={ckpt}")
 
-    assert resumed.trainer.global_step == straight.trainer.global_step > first.trainer.global_step > 0
+    assert straight.trainer.global_step > first.trainer.global_step > 0, \
+        "no optimiser step after the first epoch (or none at all): the comparison would prove nothing"
+    assert resumed.trainer.global_step == straight.trainer.global_step
     assert resumed.trainer.current_epoch == straight.trainer.current_epoch == 3
     expected, got = straight.model.state_dict(), resumed.model.state_dict()
     assert expected.keys() == got.keys()

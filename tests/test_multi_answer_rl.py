@@ -415,8 +415,10 @@ def test_accumulator_matches_one_shot_metrics():
 @pytest.mark.slow
 def test_reduced_claim_multi_answer_covers_more_with_fewer_duplicates(tmp_path):
     """One seed, short runs: count-reward Multi-RLVR covers more of the gold set than single-answer RLVR sampled K
-    times with fewer duplicates; Multi-RLCR lowers the set Brier of the warm-up's (uninformative) confidences
-    below that of count-reward Multi-RLVR (whose confidences are not trained)."""
+    times with fewer duplicates, and Multi-RLCR's set Brier is far below count-reward Multi-RLVR's (whose
+    confidences are not trained). Multi-RLCR against the SFT warm-up's Brier is not asserted: even the full
+    3-seed experiment separates them on one seed only (0.487 vs 0.711; 0.668 vs 0.703 and 0.608 vs 0.610 on the
+    others), so one short seed decides it by chance."""
     from experiments.multi_answer_rl import SINGLE, main
 
     result = main(["--seeds", "1", "--sft-steps", "600", "--rl-steps", "60", "--eval-sets", "4", "--curve-every",
@@ -426,8 +428,7 @@ def test_reduced_claim_multi_answer_covers_more_with_fewer_duplicates(tmp_path):
     single, count = arms[SINGLE], arms["Multi-RLVR (count)"]
     assert count["coverage"] > single["coverage"]
     assert count["duplicate_rate"] < single["duplicate_rate"]
-    assert arms["Multi-RLCR"]["set_brier"] < arms["SFT warm-up, multi"]["set_brier"]
-    assert arms["Multi-RLCR"]["set_brier"] < count["set_brier"]
+    assert arms["Multi-RLCR"]["set_brier"] < 0.75 * count["set_brier"]
     assert (tmp_path / "multi_answer_rl.json").is_file() and (tmp_path / "multi_answer_rl.png").is_file()
 
 
