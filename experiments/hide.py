@@ -19,8 +19,8 @@ Per seed:
    ``oracle crop`` ([image, compaction of the ground-truth boxes grown by ``--oracle-margin`` px]) and ``hide``
    ([image, HiDe's compaction]); metric ``accuracy``, for ``hide`` also ``box_iou`` (best IoU of its merged boxes
    with each target, averaged; a box is at least one token, 16 px, so a perfect hit of an 8 px target scores
-   0.25), ``target_coverage`` (fraction of the target pixels inside HiDe's boxes) and ``box_iou_raw`` (the same for boxes of the raw attention: no smoothing, no
-   prior subtraction; the TAD ablation) and ``no_zoom_rate``.
+   0.25), ``target_coverage`` (fraction of the target pixels inside HiDe's boxes), ``box_iou_raw`` (the same for
+   boxes of the raw attention: no smoothing, no prior subtraction; the TAD ablation) and ``no_zoom_rate``.
 
 Outputs: ``results/hide.json`` (arms ``<arm>/clutter<N>``) and ``results/hide.png`` (accuracy vs clutter).
 """

@@ -224,7 +224,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--finetune-steps", type=int, default=SIZES["finetune_steps"])
     parser.add_argument("--train-size", type=int, default=SIZES["train_size"])
     parser.add_argument("--test-size", type=int, default=SIZES["test_size"])
-    parser.add_argument("--speed-only", action="store_true", help="only the scan / micro-model timing (writes <out>/ldarnet_speed.json)")
+    parser.add_argument("--speed-only", action="store_true",
+                        help="only the scan / micro-model timing (writes <out>/ldarnet_speed.json)")
     parser.add_argument("--no-speed", action="store_true", help="leave out the timing part")
     args = parser.parse_args(argv)
     quiet_single_thread()

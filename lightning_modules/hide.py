@@ -334,7 +334,8 @@ class QwenVLBackbone(nn.Module):
             for thw in vision["image_grid_thw"]:
                 count = int(thw.prod()) // merge ** 2
                 prompt += "<|vision_start|>" + "<|image_pad|>" * count + "<|vision_end|>"
-            batch = {"pixel_values": vision["pixel_values"].to(device), "image_grid_thw": vision["image_grid_thw"].to(device)}
+            batch = {"pixel_values": vision["pixel_values"].to(device),
+                     "image_grid_thw": vision["image_grid_thw"].to(device)}
         prompt += text + "<|im_end|>\n<|im_start|>assistant\n"
         ids = self.tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"].to(device)
         batch.update(input_ids=ids, attention_mask=torch.ones_like(ids))

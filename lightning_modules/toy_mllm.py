@@ -113,7 +113,8 @@ class ToyMLLMBackbone(nn.Module):
             raise UserInputError(f"the toy MLLM knows only the words {VOCABULARY[2:]}; question {question!r} has "
                                  f"{unknown}. It answers the embedded synthetic questions only.")
         if not words or len(words) > self.max_text:
-            raise UserInputError(f"question {question!r} has {len(words)} words; the toy MLLM takes 1..{self.max_text}.")
+            raise UserInputError(f"question {question!r} has {len(words)} words; "
+                                 f"the toy MLLM takes 1..{self.max_text}.")
         return [VOCABULARY.index(w) for w in words]
 
     def _sequence(self, images: list[Tensor], question: str, resolution: int | None) -> dict[str, Tensor]:
