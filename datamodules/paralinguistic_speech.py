@@ -34,13 +34,37 @@ Files (``data_dir``): ``{train,val,test}.jsonl``, one question per line, audio p
   names were not available when this was written; rename columns to these if they differ.
 
 A label that is not among the options, a question without options, missing or unreadable audio and a sampling
-rate other than 16 kHz are each one `UserInputError` naming the file and line. Words are tokenised on whitespace
-into a vocabulary built from the embedded questions plus every question of the files (ids are a property of the
-text, not a statistic of a split); each option text is ONE token ``<option text>`` so that the model scores an
-option by one logit.
+rate other than 16 kHz are each one `UserInputError` naming the file and line.
+
+Tokens, two ways (the model scores one logit per option either way):
+
+* default (``tokenizer_path: null``): words are tokenised on whitespace into a vocabulary built from the embedded
+  questions plus every question of the files (ids are a property of the text, not a statistic of a split); the
+  prompt is ``<question words> <options> <opt1> <opt2> ...`` and each option text is ONE token ``<option text>``.
+  The quick configs and the experiment use this.
+* ``tokenizer_path``: the tokenizer of a local transformers folder (e.g. ``models/Qwen2-Audio-7B-Instruct``; loaded
+  at ``setup`` with ``AutoTokenizer.from_pretrained(..., local_files_only=True)``, nothing is downloaded). Each
+  question is rendered as a multiple-choice question with lettered options, the paper's MCQ format (Sec. 3)::
+
+      <question>
+      A. <option 1>
+      B. <option 2>
+      ...
+      Answer:
+
+  and, when the tokenizer has a chat template and ``use_chat_template`` is on, put into one user turn of that
+  template with the generation prompt appended (as `datamodules.verifiable_tasks` renders chat prompts). The
+  option ids are the tokens of the option LETTERS as the tokenizer writes them where the answer starts: `` A``,
+  `` B``, ... after ``Answer:`` (plain text), ``A``, ``B``, ... right after the chat template's generation prompt.
+  Each letter must be exactly one token that does not merge with the end of the prompt; both are checked at
+  ``setup`` (one `UserInputError` otherwise). The paper parses generated answers; scoring the letter logits is
+  this collection's documented choice. Prompts are left-padded with the tokenizer's pad id (eos when it has no
+  pad token); ``vocab_size`` is ``len(tokenizer)``, which the model checks against its embedding rows. The
+  question keeps its case here (the word vocabulary lower-cases it).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -193,6 +217,108 @@ def encode_prompt(vocab: dict[str, int], question: str, options: list[str]) -> l
             + [vocab[option_token(o)] for o in options])
 
 
+class WordVocabulary:
+    """The default tokens: a word vocabulary, one token per option text (see the module docstring)."""
+
+    pad_id = PAD
+
+    def __init__(self, questions: list[str], options: list[str]) -> None:
+        self.vocab = build_vocabulary(questions, options)
+        self.vocab_size = len(self.vocab)
+
+    def prompt_ids(self, record: dict) -> list[int]:
+        return encode_prompt(self.vocab, record["question"], record["options"])
+
+    def option_ids(self, options: list[str]) -> list[int]:
+        return [self.vocab[option_token(o)] for o in options]
+
+
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def render_question(question: str, options: list[str]) -> str:
+    """The MCQ text with lettered options: ``<question>\nA. <opt1>\nB. <opt2>\n...\nAnswer:``."""
+    return "\n".join([question, *(f"{LETTERS[i]}. {o}" for i, o in enumerate(options)), "Answer:"])
+
+
+class QuestionTokenizer:
+    """A local transformers tokenizer behind `WordVocabulary`'s interface: lettered-MCQ prompts (chat template
+    when it has one and ``use_chat_template``) and the option letters' token ids (see the module docstring)."""
+
+    def __init__(self, path: str, use_chat_template: bool = True) -> None:
+        fix = ("point tokenizer_path at a local folder written by save_pretrained (for the paper configs: the "
+               "Qwen2-Audio-7B-Instruct folder, whose tokenizer.json / vocab.json / merges.txt / tokenizer_config.json "
+               "sit at its top level), or leave it unset for the embedded word vocabulary")
+        if not os.path.isdir(path):
+            raise UserInputError(f"tokenizer_path '{path}' is not a folder; {fix}.")
+        from transformers import AutoTokenizer
+
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except Exception as err:  # transformers raises OSError, ValueError, KeyError, ... for a bad folder
+            raise UserInputError(f"tokenizer_path '{path}': no tokenizer could be loaded from it "
+                                 f"({type(err).__name__}: {str(err)[:300]}); {fix}.") from None
+        tok = self.tokenizer
+        self.path = path
+        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        if self.pad_id is None:
+            raise UserInputError(f"the tokenizer at '{path}' has neither a pad nor an eos token; add a pad token "
+                                 "(tokenizer.add_special_tokens({'pad_token': ...}) then save_pretrained).")
+        self.bos_id = tok.bos_token_id
+        self.vocab_size = len(tok)
+        self.use_chat_template = use_chat_template and bool(getattr(tok, "chat_template", None))
+        # where the answer starts: " A" after "Answer:", "A" right after a chat template's generation prompt
+        self.answer_prefix = "" if self.use_chat_template else " "
+        self.letter_ids: list[int] = []
+
+    def _encode(self, text: str) -> list[int]:
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        if self.bos_id is not None and (not ids or ids[0] != self.bos_id):
+            ids = [self.bos_id, *ids]     # BOS first when the tokenizer has one (chat templates may write it)
+        return ids
+
+    def prompt_text(self, question: str, options: list[str]) -> str:
+        text = render_question(question, options)
+        if self.use_chat_template:
+            return self.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                      add_generation_prompt=True)
+        return text
+
+    def prompt_ids(self, record: dict) -> list[int]:
+        return self._encode(self.prompt_text(record.get("text", record["question"]), record["options"]))
+
+    def option_ids(self, options: list[str]) -> list[int]:
+        return self.letter_ids[:len(options)]
+
+    def check_letters(self, num_options: int, sample: dict) -> None:
+        """Token id of each option letter; every letter must be ONE token, distinct, and stay one token after the
+        prompt of ``sample`` (the prompt's end is the same for every question). Raises `UserInputError`."""
+        if num_options > len(LETTERS):
+            raise UserInputError(f"a question has {num_options} options; lettered options go up to {len(LETTERS)}.")
+        ids = []
+        for letter in LETTERS[:num_options]:
+            answer = self.answer_prefix + letter
+            pieces = self.tokenizer.encode(answer, add_special_tokens=False)
+            if len(pieces) != 1:
+                raise UserInputError(
+                    f"the tokenizer at '{self.path}' writes the option letter {answer!r} as {len(pieces)} tokens "
+                    f"{self.tokenizer.convert_ids_to_tokens(pieces)}, but the model scores each option by ONE "
+                    f"token's logit; use a tokenizer with single-token letters (the LM's own tokenizer), or fewer "
+                    f"options (at most {LETTERS.index(letter)} here).")
+            ids.append(pieces[0])
+        prompt = self.prompt_ids(sample)
+        for letter, token in zip(LETTERS[:num_options], ids):
+            text = self.prompt_text(sample.get("text", sample["question"]), sample["options"]) + self.answer_prefix + letter
+            if self._encode(text) != [*prompt, token]:
+                raise UserInputError(
+                    f"the tokenizer at '{self.path}' merges the answer {self.answer_prefix + letter!r} with the end "
+                    f"of the prompt ({sample.get('where', 'a question')}), so its single-token id is not what follows "
+                    f"the prompt; set use_chat_template={not self.use_chat_template} or use the LM's own tokenizer.")
+        if len(set(ids)) != len(ids):
+            raise UserInputError(f"the tokenizer at '{self.path}' gives two option letters the same id {ids}.")
+        self.letter_ids = ids
+
+
 # ============================================================================================ examples
 def generate_items(size: int, seed: int, congruent_fraction: float, incongruent_fraction: float,
                    tasks: tuple[str, ...]) -> list[dict]:
@@ -270,6 +396,7 @@ def read_question_file(path: str, data_dir: str, data_format: str) -> list[dict]
                 raise UserInputError(f"{where}: options {options} repeat a text.")
             adv = row.get(adv_field)
             records.append({"task": str(row.get("task", "unknown")), "question": str(row["question"]).lower(),
+                            "text": str(row["question"]),
                             "options": options, "label": _label_index(row[label_field], options, label_field, where),
                             "adv_label": -1 if adv is None else _label_index(adv, options, adv_field, where),
                             "audio_path": os.path.join(data_dir, row["audio"]), "where": where})
@@ -281,9 +408,9 @@ def read_question_file(path: str, data_dir: str, data_format: str) -> list[dict]
 class SpokenQuestions(Dataset):
     """Examples: waveform, prompt ids, option ids, label, adversarial label, task id, attributes, content id."""
 
-    def __init__(self, records: list[dict], audio: list[np.ndarray], vocab: dict[str, int],
+    def __init__(self, records: list[dict], audio: list[np.ndarray], tokens: WordVocabulary | QuestionTokenizer,
                  task_names: list[str]) -> None:
-        self.records, self.audio, self.vocab, self.task_names = records, audio, vocab, task_names
+        self.records, self.audio, self.tokens, self.task_names = records, audio, tokens, task_names
 
     def __len__(self) -> int:
         return len(self.records)
@@ -292,21 +419,22 @@ class SpokenQuestions(Dataset):
         r = self.records[i]
         attrs = r.get("attributes") or {}
         return {"waveform": torch.from_numpy(self.audio[i]),
-                "prompt": torch.tensor(encode_prompt(self.vocab, r["question"], r["options"])),
-                "options": torch.tensor([self.vocab[option_token(o)] for o in r["options"]]),
+                "prompt": torch.tensor(self.tokens.prompt_ids(r)),
+                "options": torch.tensor(self.tokens.option_ids(r["options"])),
                 "label": r["label"], "adv_label": r["adv_label"],
                 "task": self.task_names.index(r["task"]) if r["task"] in self.task_names else -1,
                 "attributes": torch.tensor([VALUES[t].index(attrs[t]) if t in attrs else -1 for t in TASKS]),
                 "content": SENTENCES.index(r["sentence"]) if r.get("sentence") in SENTENCES else -1}
 
 
-def collate_spoken_questions(examples: list[dict]) -> dict[str, torch.Tensor]:
-    """Waveforms right-padded (``wave_lengths``), prompts LEFT-padded (``prompt_mask``), options padded with -1."""
+def collate_spoken_questions(examples: list[dict], pad_id: int = PAD) -> dict[str, torch.Tensor]:
+    """Waveforms right-padded (``wave_lengths``), prompts LEFT-padded with ``pad_id`` (``prompt_mask``), options
+    padded with -1."""
     batch = len(examples)
     lengths = torch.tensor([len(e["waveform"]) for e in examples])
     waves = torch.zeros(batch, int(lengths.max()))
     prompt_len = max(len(e["prompt"]) for e in examples)
-    prompts = torch.full((batch, prompt_len), PAD, dtype=torch.long)
+    prompts = torch.full((batch, prompt_len), pad_id, dtype=torch.long)
     prompt_mask = torch.zeros(batch, prompt_len, dtype=torch.bool)
     num_options = max(len(e["options"]) for e in examples)
     options = torch.full((batch, num_options), -1, dtype=torch.long)
@@ -337,6 +465,10 @@ class ParalinguisticSpeechDataModule(LightningDataModule):
         seed: generation seed (train, val and test use derived streams).
         batch_size, num_workers: loaders.
         cache_dir: synthesised clips (default ``$ICML26_CACHE`` or ``~/.cache/icml26/paralinguistic_speech``).
+        tokenizer_path: local transformers folder whose tokenizer renders and tokenises the questions as lettered
+            MCQs (options scored by their letter tokens); None = the embedded word vocabulary (module docstring).
+        use_chat_template: with ``tokenizer_path``, put each question into the tokenizer's chat template (one user
+            turn plus the generation prompt) when it has one.
     """
 
     sample_rate = SAMPLE_RATE
@@ -344,7 +476,8 @@ class ParalinguisticSpeechDataModule(LightningDataModule):
     def __init__(self, data_dir: str | None = None, data_format: Literal["jsonl", "voxparadox"] = "jsonl",
                  tasks: list[str] | None = None, num_train: int = 1200, num_val: int = 240, num_test: int = 400,
                  congruent_fraction: float = 0.85, incongruent_fraction: float = 0.0, seed: int = 0,
-                 batch_size: int = 32, num_workers: int = 0, cache_dir: str | None = None) -> None:
+                 batch_size: int = 32, num_workers: int = 0, cache_dir: str | None = None,
+                 tokenizer_path: str | None = None, use_chat_template: bool = True) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.tasks = tuple(tasks) if tasks is not None else TASKS
@@ -363,6 +496,8 @@ class ParalinguisticSpeechDataModule(LightningDataModule):
         self.cache_dir = cache_dir or default_cache_dir()
         self.task_names = list(TASKS)
         self.splits: dict[str, SpokenQuestions] = {}
+        self.tokenizer_path = tokenizer_path
+        self.tokens: WordVocabulary | QuestionTokenizer | None = None   # built in setup (the tokenizer lazily)
         self.vocab: dict[str, int] | None = None
         self.vocab_size: int | None = None
         self.num_content_classes = len(SENTENCES)
@@ -388,10 +523,16 @@ class ParalinguisticSpeechDataModule(LightningDataModule):
                                                  self.data_format) for split in ("train", "val", "test")}
             audio = {split: [read_wav(r["audio_path"], r["where"]) for r in rs] for split, rs in records.items()}
             self.task_names = sorted({r["task"] for rs in records.values() for r in rs})
-        self.vocab = build_vocabulary([r["question"] for rs in records.values() for r in rs],
-                                      [o for rs in records.values() for r in rs for o in r["options"]])
-        self.vocab_size = len(self.vocab)
-        self.splits = {split: SpokenQuestions(records[split], audio[split], self.vocab, self.task_names)
+        if self.tokenizer_path is None:
+            self.tokens = WordVocabulary([r["question"] for rs in records.values() for r in rs],
+                                         [o for rs in records.values() for r in rs for o in r["options"]])
+            self.vocab = self.tokens.vocab
+        else:
+            self.tokens = QuestionTokenizer(self.tokenizer_path, self.hparams.use_chat_template)
+            self.tokens.check_letters(max(len(r["options"]) for rs in records.values() for r in rs),
+                                      records["train"][0])
+        self.vocab_size = self.tokens.vocab_size
+        self.splits = {split: SpokenQuestions(records[split], audio[split], self.tokens, self.task_names)
                        for split in records}
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
@@ -401,7 +542,8 @@ class ParalinguisticSpeechDataModule(LightningDataModule):
         sampler = (training_sampler(len(dataset), self.hparams.seed, self.trainer) if shuffle
                    else evaluation_sampler(dataset, self.trainer))
         return DataLoader(dataset, batch_size=self.hparams.batch_size, sampler=sampler,
-                          collate_fn=collate_spoken_questions, num_workers=self.hparams.num_workers,
+                          collate_fn=functools.partial(collate_spoken_questions, pad_id=self.tokens.pad_id),
+                          num_workers=self.hparams.num_workers,
                           persistent_workers=self.hparams.num_workers > 0)
 
     def train_dataloader(self) -> DataLoader:
@@ -418,4 +560,5 @@ class ParalinguisticSpeechDataModule(LightningDataModule):
 
 
 __all__ = ["ParalinguisticSpeechDataModule", "SpokenQuestions", "collate_spoken_questions", "read_wav",
+           "QuestionTokenizer", "WordVocabulary", "render_question",
            "read_question_file", "synthesise", "espeak_binary", "generate_items", "TASKS", "VALUES", "SENTENCES"]

@@ -22,8 +22,9 @@ This module:
 
 * `AudioLanguageModel`: encoder exposing every layer's hidden states -> projector(s) -> language model over
   [prompt tokens, audio tokens]; the option scores are the LM's next-token logits at the last real position,
-  restricted to the option tokens (log-softmax over the options; every option text is one token of the data's
-  vocabulary). Padding frames are masked before pooling and mixing, and padded audio tokens are masked out of
+  restricted to the option tokens (log-softmax over the options; each option is one token: its text in the
+  embedded word vocabulary, or its letter ``A``/``B``/... when the datamodule renders lettered questions with a
+  transformers tokenizer, ``tokenizer_path``). Padding frames are masked before pooling and mixing, and padded audio tokens are masked out of
   the LM's attention. ``pclm: true`` switches PCLM on over ``pclm_layers``; ``train_parts`` chooses what trains
   (``[projector, language_model]`` for last-layer SFT, ``[projector, mixer]`` for PCLM stage 1,
   ``[projector, mixer, language_model]`` for stage 2). With ``init_from`` a last-layer SFT checkpoint, every
@@ -46,11 +47,18 @@ RECONSTRUCTIONS and deviations:
 * The prompt embedding of the mixer is the masked mean of the language model's own (detached) token embeddings of
   the prompt; the paper encodes the prompt with a frozen BERT-small. The mixer MLP is Linear-GELU-Linear
   (``mixer_hidden``); its depth is not given in the text. The last Linear starts at zero (uniform alpha at start).
-* Options are scored by one logit per option text; the paper parses the generated answer with a regex.
+* Options are scored by one logit per option token (the option text's word token, or with a transformers tokenizer
+  the option letter, the paper's MCQ format); the paper parses the generated answer with a regex.
 * The projector is a 2-layer MLP after a stride-2 average pooling of the encoder states (the pooling of
   Qwen2-Audio, the MLP of Audio Flamingo 3); any projector clones the same way.
-* `HFWhisperEncoder` / `HFLanguageModel` make ``configs/pclm/paper.yaml`` (Qwen2-Audio-7B) well-formed; a real run
-  also needs Qwen's tokenizer in the datamodule, which this collection does not wire up (not run here).
+* The LM reads [prompt tokens, audio tokens] and answers at the last audio token, for every backbone; Qwen2-Audio's
+  own chat format puts the audio inside the user turn before the question, so the real model sees a layout it
+  was not trained on until SFT adapts it (a choice of this collection, kept so that the embedded experiment's
+  numbers stay as measured).
+* `HFWhisperEncoder` / `HFLanguageModel` with the datamodule's ``tokenizer_path`` run ``configs/pclm/paper.yaml``
+  (Qwen2-Audio-7B from local folders); the whole chain is tested end to end with a tiny Qwen2 LM, a tiny Whisper
+  encoder and a tiny BPE tokenizer (tests/test_pclm.py). The 7B configs themselves were not run here (no weights).
+  Token ids at or beyond the LM's embedding rows (a tokenizer that is not the LM's) are one `UserInputError`.
 
 Length: one paper's model read top to bottom (feature extraction, the two encoder and LM backends, the PCLM
 switch and its metrics); DPO lives in `audio_dpo.py`, the data in `datamodules/paralinguistic_speech.py`.
@@ -296,7 +304,9 @@ class HFLanguageModel(nn.Module):
                 raise UserInputError(f"HFLanguageModel: '{path}' is not a local model folder with a config.json.")
             self.model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtypes[dtype])
         self.width = self.model.get_input_embeddings().weight.shape[1]
-        self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
+        # token ids must index both the input embeddings and the output head (rows can exceed len(tokenizer))
+        self.vocab_size = min(self.model.get_input_embeddings().weight.shape[0],
+                              self.model.get_output_embeddings().weight.shape[0])
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model.get_input_embeddings()(ids)
@@ -361,6 +371,18 @@ class MixingWeights(Metric):
 
 
 # ============================================================================================ modules
+def _vocabulary_message(size: int, language_model: nn.Module, seen: bool = False) -> str:
+    what = (f"a batch holds token id {size - 1}" if seen else f"the data's tokens have ids up to {size - 1} "
+            f"(vocab_size {size})")
+    if isinstance(language_model, TinyAudioLM):
+        fix = f"set --model.init_args.language_model.init_args.vocab_size={size} (or more)"
+    else:
+        fix = ("the tokenizer does not match the language model: point the datamodule's tokenizer_path at the "
+               "language model's own tokenizer (for the paper configs the Qwen2-Audio-7B-Instruct folder)")
+    return (f"{what} but the language model has {language_model.vocab_size} embedding rows (ids 0.."
+            f"{language_model.vocab_size - 1}); {fix}.")
+
+
 def masked_pool(states: torch.Tensor, mask: torch.Tensor, stride: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Average pooling over time with the given stride that ignores padding positions: [B, T, D] -> [B, T/s, D]."""
     if stride == 1:
@@ -524,9 +546,7 @@ class AudioLanguageModel(PaperModule):
             self._build_metrics()
         vocab = self.data_value(SpokenQuestionData, "vocab_size")
         if vocab is not None and vocab > self.language_model.vocab_size:
-            raise UserInputError(f"the data's vocabulary has {vocab} tokens but the language model's vocab_size is "
-                                 f"{self.language_model.vocab_size}; set "
-                                 f"--model.init_args.language_model.init_args.vocab_size={vocab} (or more).")
+            raise UserInputError(_vocabulary_message(vocab, self.language_model))
         rate = self.data_value(SpokenQuestionData, "sample_rate")
         if rate is not None and rate != self.encoder.sample_rate:
             raise UserInputError(f"the data is sampled at {rate} Hz but the encoder expects "
@@ -584,6 +604,9 @@ class AudioLanguageModel(PaperModule):
         valid = options >= 0
         if not bool(valid.any(-1).all()):
             raise UserInputError("a question has no options: every prompt needs at least one option to score.")
+        top = max(int(batch["prompt"].max()), int(options.max()))
+        if top >= self.language_model.vocab_size:      # an embedding lookup would fail (a device assert on GPU)
+            raise UserInputError(_vocabulary_message(top + 1, self.language_model, seen=True))
         tokens, audio_mask, alpha = self.audio_tokens(batch)
         prompt = self.language_model.embed(batch["prompt"])
         hidden = self.language_model(torch.cat([prompt, tokens], 1), torch.cat([batch["prompt_mask"], audio_mask], 1))

@@ -342,3 +342,191 @@ def test_the_cli_chain_pretrain_sft_pclm_dpo_runs_from_checkpoints(tmp_path):
     tested = run_cli("test", "--config", config_path("configs/pclm/dpo_quick.yaml"), *small,
                      f"--ckpt_path={tmp_path / 'dpo.ckpt'}")
     assert {"test/acc_gt", "test/ala", "test/acc_gt/pitch"} <= set(tested.trainer.callback_metrics)
+
+
+# ============================================================================================ transformers tokenizer
+LETTER_CORPUS = ([f"what is the speaking rate\nA. slow\nB. fast\nC. low\nD. high\nAnswer: {letter}\n"
+                  f"<|user|>how loud is it\n<|assistant|>{letter}" for letter in "ABCD"]
+                 + ["Answer: A Answer: B Answer: C Answer: D"] * 20)
+
+
+def tiny_tokenizer(folder, chat_template: str | None = None) -> str:
+    """A byte-level BPE tokenizer trained on a few MCQ lines (so " A".." D" and "A".."D" are single tokens and " E"
+    is two), wrapped as a transformers fast tokenizer with pad and eos tokens and saved with save_pretrained."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(LETTER_CORPUS * 8, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<pad>", "<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>", eos_token="<eos>")
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    tokenizer.save_pretrained(str(folder))
+    return str(folder)
+
+
+def tiny_qwen2(folder, vocab_size: int) -> str:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                         tie_word_embeddings=False)
+    Qwen2ForCausalLM(config).save_pretrained(str(folder))
+    return str(folder)
+
+
+MCQ = [("What is the speaking rate", ["slow", "fast", "low", "high"], "fast", "slow"),
+       ("How loud is the speaker", ["quiet", "loud", "male", "slow"], "quiet", "loud"),
+       ("Is the pitch high or low", ["high", "female", "low", "fast"], "low", "high"),
+       ("What is the gender of the speaker", ["male", "female", "loud", "low"], "female", "male")]
+
+
+def mcq_folder(folder, questions=MCQ) -> str:
+    folder.mkdir(exist_ok=True)
+    _write_wav(folder / "a.wav")
+    for split in ("train", "val", "test"):
+        (folder / f"{split}.jsonl").write_text("".join(
+            json.dumps({"audio": "a.wav", "question": q, "options": o, "label": y, "adv_label": a, "task": "t"}) + "\n"
+            for q, o, y, a in questions))
+    return str(folder)
+
+
+def test_tokenizer_path_renders_lettered_questions_and_scores_the_letter_tokens(tmp_path):
+    from transformers import AutoTokenizer
+
+    path = tiny_tokenizer(tmp_path / "tok")
+    data = ParalinguisticSpeechDataModule(data_dir=mcq_folder(tmp_path / "mcq"), tokenizer_path=path, batch_size=4)
+    data.setup("fit")
+    tok = AutoTokenizer.from_pretrained(path)
+    assert data.vocab_size == len(tok) > 260            # 256 bytes, 2 specials, merges
+    batch = next(iter(data.val_dataloader()))
+    # the question keeps its case; options lettered; the prompt ends with "Answer:"
+    first = batch["prompt"][0][batch["prompt_mask"][0]]
+    assert tok.decode(first) == "What is the speaking rate\nA. slow\nB. fast\nC. low\nD. high\nAnswer:"
+    # left padding with the tokenizer's pad id
+    pad = tok.convert_tokens_to_ids("<pad>")
+    assert (batch["prompt"][~batch["prompt_mask"]] == pad).all() and (~batch["prompt_mask"]).any()
+    letters = tok.convert_tokens_to_ids(["ĠA", "ĠB", "ĠC", "ĠD"])           # byte-level " A" .. " D"
+    assert batch["options"].tolist() == [letters] * 4 and len(set(letters)) == 4
+    assert batch["label"].tolist() == [1, 0, 2, 1] and batch["adv_label"].tolist() == [0, 1, 0, 0]
+
+
+def test_tokenizer_chat_template_wraps_the_question_and_letters_follow_the_generation_prompt(tmp_path):
+    from transformers import AutoTokenizer
+
+    template = ("{% for m in messages %}<|user|>{{ m['content'] }}\n{% endfor %}"
+                "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    path = tiny_tokenizer(tmp_path / "tok", chat_template=template)
+    tok = AutoTokenizer.from_pretrained(path)
+    for use, expected, letter in ((True, "<|user|>What is the speaking rate\nA. slow\nB. fast\nC. low\nD. high\n"
+                                         "Answer:\n<|assistant|>", "A"),
+                                  (False, "What is the speaking rate\nA. slow\nB. fast\nC. low\nD. high\nAnswer:",
+                                   "ĠA")):
+        data = ParalinguisticSpeechDataModule(data_dir=mcq_folder(tmp_path / "mcq"), tokenizer_path=path,
+                                              use_chat_template=use, batch_size=1)
+        data.setup("fit")
+        example = data.splits["train"][0]
+        assert tok.decode(example["prompt"]) == expected
+        assert example["options"][0].item() == tok.convert_tokens_to_ids(letter)
+
+
+def test_tokenizer_errors_missing_unloadable_and_multi_token_letters(tmp_path):
+    data_dir = mcq_folder(tmp_path / "mcq")
+    with pytest.raises(UserInputError, match=r"tokenizer_path '.*nope' is not a folder; point tokenizer_path"):
+        ParalinguisticSpeechDataModule(data_dir=data_dir, tokenizer_path=str(tmp_path / "nope")).setup("fit")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserInputError, match=r"'.*empty': no tokenizer could be loaded"):
+        ParalinguisticSpeechDataModule(data_dir=data_dir, tokenizer_path=str(tmp_path / "empty")).setup("fit")
+    five = [("What is the speaking rate", ["slow", "fast", "low", "high", "loud"], "fast", "slow")]
+    with pytest.raises(UserInputError, match=r"option letter ' E' as 2 tokens"):
+        ParalinguisticSpeechDataModule(data_dir=mcq_folder(tmp_path / "five", five),
+                                       tokenizer_path=tiny_tokenizer(tmp_path / "tok")).setup("fit")
+
+
+def _stage_config(tmp_path, base: str, name: str, lm: str, data_dir: str, tokenizer: str, **model) -> str:
+    """A quick config of the chain with a tiny transformers Whisper encoder, a local Qwen2 LM and the tokenizer."""
+    import yaml
+
+    with open(config_path(base)) as f:
+        config = yaml.safe_load(f)
+    init = config["model"]["init_args"]
+    init["encoder"] = {"class_path": "lightning_modules.audio_language_model.HFWhisperEncoder",
+                       "init_args": {"config": {"d_model": 16, "encoder_layers": 2, "encoder_attention_heads": 2,
+                                                "encoder_ffn_dim": 32, "max_source_positions": 50},
+                                     "n_mels": 20, "hop_length": 320}}
+    init["language_model"] = {"class_path": "lightning_modules.audio_language_model.HFLanguageModel",
+                              "init_args": {"path": lm}}
+    init.update(projector_hidden=16, mixer_hidden=8, **model)
+    if init.get("pclm"):
+        init["pclm_layers"] = [1, 2]
+    config["data"]["init_args"] = {"data_dir": data_dir, "tokenizer_path": tokenizer, "batch_size": 2}
+    config["trainer"].update(default_root_dir=str(tmp_path / name), max_steps=2, max_epochs=1, limit_val_batches=1,
+                             logger=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[])
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def test_the_cli_chain_with_a_transformers_tokenizer_and_qwen2_lm_sft_pclm_dpo(tmp_path):
+    """SFT (last layer) -> PCLM stage 1 -> DPO through train.py with tokenizer_path and a local Qwen2 LM, the
+    layout of configs/pclm/paper.yaml at toy size."""
+    from transformers import AutoTokenizer
+
+    tokenizer = tiny_tokenizer(tmp_path / "tok")
+    lm = tiny_qwen2(tmp_path / "lm", vocab_size=len(AutoTokenizer.from_pretrained(tokenizer)))
+    data_dir = mcq_folder(tmp_path / "mcq")
+    original = HFLanguageModel(path=lm).state_dict()
+
+    def fit(base, name, *extra, **model):
+        cli = run_cli("fit", "--config", _stage_config(tmp_path, base, name, lm, data_dir, tokenizer, **model),
+                      *extra)
+        path = str(tmp_path / f"{name}.ckpt")
+        cli.trainer.save_checkpoint(path)
+        assert math.isfinite(float(cli.trainer.callback_metrics["train/loss"]))
+        return cli, path, {k: v.clone() for k, v in cli.model.state_dict().items()}
+
+    sft_cli, sft, sft_weights = fit("configs/pclm/sft_quick.yaml", "sft")
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    batch = next(iter(sft_cli.datamodule.train_dataloader()))
+    texts = {tok.decode(row[mask]) for row, mask in zip(batch["prompt"], batch["prompt_mask"])}
+    assert texts <= {"\n".join([q, *(f"{'ABCD'[i]}. {o}" for i, o in enumerate(opts)), "Answer:"])
+                     for q, opts, _, _ in MCQ} and len(texts) == 2
+    assert batch["options"][0].tolist() == tok.convert_tokens_to_ids(["ĠA", "ĠB", "ĠC", "ĠD"])
+    key = "language_model.model.model.embed_tokens.weight"
+    assert not torch.equal(sft_weights[key], original["model.model.embed_tokens.weight"])    # the LM trained
+
+    stage1_cli, stage1, stage1_weights = fit("configs/pclm/quick.yaml", "stage1",
+                                             f"--model.init_args.init_from={sft}")
+    assert stage1_cli.model.init_from_report["cloned_projectors"] == ["1"]
+    assert torch.equal(stage1_weights[key], sft_weights[key])                                # LM frozen
+    assert torch.equal(stage1_weights["encoder.model.layers.0.fc1.weight"], sft_weights["encoder.model.layers.0.fc1.weight"])
+    assert not torch.equal(stage1_weights["layer_projectors.1.0.weight"], sft_weights["projector.0.weight"])
+    assert stage1_weights["mixer.2.weight"].abs().sum() > 0                                  # zero at the start
+
+    dpo_cli, _, dpo_weights = fit("configs/pclm/dpo_quick.yaml", "dpo", f"--model.init_args.init_from={stage1}")
+    assert torch.equal(dpo_weights[f"reference_{key}"], stage1_weights[key])
+    assert not torch.equal(dpo_weights[key], stage1_weights[key])
+    assert torch.equal(dpo_weights["mixer.2.weight"], stage1_weights["mixer.2.weight"])     # frozen in DPO
+    assert math.isfinite(float(dpo_cli.trainer.callback_metrics["train/reward_margin"]))
+
+
+def test_a_tokenizer_larger_than_the_language_model_is_one_clear_error(tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = tiny_tokenizer(tmp_path / "tok")
+    lm = tiny_qwen2(tmp_path / "lm", vocab_size=200)                 # the tokenizer has 300 tokens
+    config = _stage_config(tmp_path, "configs/pclm/sft_quick.yaml", "sft", lm, mcq_folder(tmp_path / "mcq"),
+                           tokenizer)
+    size = len(AutoTokenizer.from_pretrained(tokenizer))
+    with pytest.raises(UserInputError, match=rf"ids up to {size - 1} \(vocab_size {size}\) but the language model has 200 "
+                                             r"embedding rows .* the tokenizer does not match the language model"):
+        run_cli("fit", "--config", config)
+    model = tiny_model()                                             # TinyAudioLM with 40 rows, without the data
+    batch = fake_batch()
+    batch["prompt"][0, -1] = 40
+    with pytest.raises(UserInputError, match="a batch holds token id 40 .*vocab_size=41"):
+        model.option_logprobs(batch)
