@@ -307,9 +307,9 @@ class QuestionTokenizer:
                     f"options (at most {LETTERS.index(letter)} here).")
             ids.append(pieces[0])
         prompt = self.prompt_ids(sample)
+        text = self.prompt_text(sample.get("text", sample["question"]), sample["options"])
         for letter, token in zip(LETTERS[:num_options], ids):
-            text = self.prompt_text(sample.get("text", sample["question"]), sample["options"]) + self.answer_prefix + letter
-            if self._encode(text) != [*prompt, token]:
+            if self._encode(text + self.answer_prefix + letter) != [*prompt, token]:
                 raise UserInputError(
                     f"the tokenizer at '{self.path}' merges the answer {self.answer_prefix + letter!r} with the end "
                     f"of the prompt ({sample.get('where', 'a question')}), so its single-token id is not what follows "

@@ -24,11 +24,12 @@ This module:
   [prompt tokens, audio tokens]; the option scores are the LM's next-token logits at the last real position,
   restricted to the option tokens (log-softmax over the options; each option is one token: its text in the
   embedded word vocabulary, or its letter ``A``/``B``/... when the datamodule renders lettered questions with a
-  transformers tokenizer, ``tokenizer_path``). Padding frames are masked before pooling and mixing, and padded audio tokens are masked out of
-  the LM's attention. ``pclm: true`` switches PCLM on over ``pclm_layers``; ``train_parts`` chooses what trains
-  (``[projector, language_model]`` for last-layer SFT, ``[projector, mixer]`` for PCLM stage 1,
-  ``[projector, mixer, language_model]`` for stage 2). With ``init_from`` a last-layer SFT checkpoint, every
-  per-layer projector the checkpoint lacks is cloned from the loaded final projector (``clone_projectors``).
+  transformers tokenizer, ``tokenizer_path``). Padding frames are masked before pooling and mixing, and padded
+  audio tokens are masked out of the LM's attention. ``pclm: true`` switches PCLM on over ``pclm_layers``;
+  ``train_parts`` chooses what trains (``[projector, language_model]`` for last-layer SFT, ``[projector, mixer]``
+  for PCLM stage 1, ``[projector, mixer, language_model]`` for stage 2). With ``init_from`` a last-layer SFT
+  checkpoint, every per-layer projector the checkpoint lacks is cloned from the loaded final projector
+  (``clone_projectors``).
 * `SpeechContentPretraining`: the encoder alone, trained to classify the *sentence* of each clip (random pitch,
   speed, voice and volume per clip): a stand-in for the ASR-style pre-training of Whisper, which makes the deep
   layers of a small encoder paralinguistically invariant as in real audio LLMs (checked with

@@ -503,7 +503,8 @@ def test_the_cli_chain_with_a_transformers_tokenizer_and_qwen2_lm_sft_pclm_dpo(t
                                              f"--model.init_args.init_from={sft}")
     assert stage1_cli.model.init_from_report["cloned_projectors"] == ["1"]
     assert torch.equal(stage1_weights[key], sft_weights[key])                                # LM frozen
-    assert torch.equal(stage1_weights["encoder.model.layers.0.fc1.weight"], sft_weights["encoder.model.layers.0.fc1.weight"])
+    encoder_key = "encoder.model.layers.0.fc1.weight"
+    assert torch.equal(stage1_weights[encoder_key], sft_weights[encoder_key])                # encoder frozen
     assert not torch.equal(stage1_weights["layer_projectors.1.0.weight"], sft_weights["projector.0.weight"])
     assert stage1_weights["mixer.2.weight"].abs().sum() > 0                                  # zero at the start
 
@@ -522,8 +523,8 @@ def test_a_tokenizer_larger_than_the_language_model_is_one_clear_error(tmp_path)
     config = _stage_config(tmp_path, "configs/pclm/sft_quick.yaml", "sft", lm, mcq_folder(tmp_path / "mcq"),
                            tokenizer)
     size = len(AutoTokenizer.from_pretrained(tokenizer))
-    with pytest.raises(UserInputError, match=rf"ids up to {size - 1} \(vocab_size {size}\) but the language model has 200 "
-                                             r"embedding rows .* the tokenizer does not match the language model"):
+    with pytest.raises(UserInputError, match=rf"ids up to {size - 1} \(vocab_size {size}\) but the language model "
+                                             r"has 200 embedding rows .* the tokenizer does not match the language"):
         run_cli("fit", "--config", config)
     model = tiny_model()                                             # TinyAudioLM with 40 rows, without the data
     batch = fake_batch()
