@@ -1,6 +1,7 @@
 """VoxParadox / PCLM (arXiv 2605.27772): the DPO loss and negatives, Acc_GT / ALA, padding masks, projector
-cloning, the mixer, the loaders and their errors, espeak-ng synthesis, the probes, and the CLI chain
-pretrain -> SFT -> PCLM (two stages) -> DPO from checkpoints."""
+cloning, the mixer, the loaders and their errors, espeak-ng synthesis, the probes, the CLI chain
+pretrain -> SFT -> PCLM (two stages) -> DPO from checkpoints, and the same chain with a transformers tokenizer
+(lettered questions, option letters scored) and a local Qwen2 LM, the layout of the paper configs."""
 from __future__ import annotations
 
 import json
@@ -445,6 +446,20 @@ def test_tokenizer_errors_missing_unloadable_and_multi_token_letters(tmp_path):
     with pytest.raises(UserInputError, match=r"option letter ' E' as 2 tokens"):
         ParalinguisticSpeechDataModule(data_dir=mcq_folder(tmp_path / "five", five),
                                        tokenizer_path=tiny_tokenizer(tmp_path / "tok")).setup("fit")
+    # a BPE that does not split at spaces learns "Answer: A" as one token: " A" alone is one token, but after the
+    # prompt it is not the token that follows, which would score the wrong logit
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.Split(pattern="\n", behavior="isolated")
+    bpe.train_from_iterator([f"{prefix}{letter}" for prefix in ("Answer: ", " ") for letter in "ABCD"] * 20,
+                            trainers.BpeTrainer(vocab_size=120, special_tokens=["<pad>", "<unk>"]))
+    merging = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>")
+    assert merging.tokenize(" A") == [" A"] and merging.tokenize("Answer: A") == ["Answer: A"]
+    merging.save_pretrained(str(tmp_path / "merging"))
+    with pytest.raises(UserInputError, match=r"merges the answer ' A' with the end of the prompt"):
+        ParalinguisticSpeechDataModule(data_dir=data_dir, tokenizer_path=str(tmp_path / "merging")).setup("fit")
 
 
 def _stage_config(tmp_path, base: str, name: str, lm: str, data_dir: str, tokenizer: str, **model) -> str:
