@@ -199,11 +199,11 @@ def _accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
 
 
 def run(seeds: int, levels: list[float], steps: int, classifier_epochs: int,
-        signal_denoiser: str = "mlp") -> tuple[list[dict], dict]:
+        signal_denoiser: str = "mlp", first_seed: int = 0) -> tuple[list[dict], dict]:
     """(per_seed: one ``{"<arm> (p=<level>)": metrics}`` per seed, the model settings used)."""
     per_seed, model_settings = [], {}
     with tempfile.TemporaryDirectory() as folder:
-        for seed in kit.progress(range(seeds), "seeds"):
+        for seed in kit.progress(range(first_seed, first_seed + seeds), "seeds"):
             row = {}
             classifier = train_classifier(seed, Path(folder), classifier_epochs)
             for level in kit.progress(levels, f"seed {seed} levels"):
@@ -310,13 +310,17 @@ def main(argv: list[str] | None = None) -> dict:
                         help="the enhancer eps_x of every diffusion arm (the module's UNet: base 32 channels, "
                              "mults 1, 2; the image enters by channel concatenation)")
     parser.add_argument("--name", default="coupled_diffusion", help="name of the JSON and PNG in --out")
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="run seeds first_seed .. first_seed + seeds - 1 (a long run split over processes; "
+                             "each seed's numbers do not depend on the others)")
     args = parser.parse_args(argv)
     if args.smoke:  # the pipeline in seconds
         args.levels, args.steps, args.classifier_epochs = args.levels[:1], 5, 1
     kit.quiet_single_thread()
     logging.getLogger("lightning_modules").setLevel(logging.ERROR)  # init_from reports
     start = time.perf_counter()
-    per_seed, model_settings = run(args.seeds, args.levels, args.steps, args.classifier_epochs, args.signal_denoiser)
+    per_seed, model_settings = run(args.seeds, args.levels, args.steps, args.classifier_epochs, args.signal_denoiser,
+                                   args.first_seed)
     arms = kit.summarise(per_seed)
     wall = time.perf_counter() - start
     print(table(arms, args.levels))
@@ -328,7 +332,7 @@ def main(argv: list[str] | None = None) -> dict:
               "corruption": "pixel_replacement", "steps": args.steps, "classifier_epochs": args.classifier_epochs,
               "lr": LR, "model_overrides": MODEL_OVERRIDES, "model": model_settings, "samplers": SAMPLERS,
               "enhanced_3x_steps": args.steps * COMPUTE_FACTOR, "signal_denoiser": args.signal_denoiser,
-              "smoke": args.smoke}
+              "smoke": args.smoke, "first_seed": args.first_seed}
     result = kit.write_result(PAPER, seeds=args.seeds, wall_s=wall, config=config, arms=arms, per_seed=per_seed,
                               out=args.out, name=args.name)
     plot(arms, args.levels, Path(args.out) / f"{args.name}.png")
