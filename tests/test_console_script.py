@@ -7,10 +7,13 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import train
+from icml26 import collection
+from icml26.collection import resolve_config_paths as resolve
 from conftest import REPO, ParseOnlyCLI, run_cli
 
 
@@ -24,23 +27,23 @@ def test_a_missing_relative_config_is_read_from_the_installed_configs(tmp_path, 
     site = tmp_path / "site"  # stands for site-packages after `pip install .`
     (site / "configs/paper").mkdir(parents=True)
     (site / "configs/paper/quick.yaml").write_text("seed_everything: 1\n")
-    monkeypatch.setattr(train, "INSTALL_ROOT", site)
+    monkeypatch.setattr(collection, "INSTALL_ROOT", site)
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
     shipped = str(site / "configs/paper/quick.yaml")
-    assert train.resolve_config_paths(["fit", "--config", "configs/paper/quick.yaml", "--trainer.max_steps=3"]) \
+    assert resolve(["fit", "--config", "configs/paper/quick.yaml", "--trainer.max_steps=3"]) \
         == ["fit", "--config", shipped, "--trainer.max_steps=3"]
-    assert train.resolve_config_paths(["fit", "-c", "configs/paper/quick.yaml"]) == ["fit", "-c", shipped]
-    assert train.resolve_config_paths(["fit", "--config=configs/paper/quick.yaml"]) == ["fit", f"--config={shipped}"]
+    assert resolve(["fit", "-c", "configs/paper/quick.yaml"]) == ["fit", "-c", shipped]
+    assert resolve(["fit", "--config=configs/paper/quick.yaml"]) == ["fit", f"--config={shipped}"]
     # neither here nor installed: left for the parser to report; other options' values are never touched
-    assert train.resolve_config_paths(["fit", "--config", "configs/paper/nope.yaml"])[2] == "configs/paper/nope.yaml"
-    assert train.resolve_config_paths(["fit", "--model.init_args.init_from=configs/paper/quick.yaml"]) \
+    assert resolve(["fit", "--config", "configs/paper/nope.yaml"])[2] == "configs/paper/nope.yaml"
+    assert resolve(["fit", "--model.init_args.init_from=configs/paper/quick.yaml"]) \
         == ["fit", "--model.init_args.init_from=configs/paper/quick.yaml"]
     # a file that exists where the command runs always wins (an edited local copy)
     (work / "configs/paper").mkdir(parents=True)
     (work / "configs/paper/quick.yaml").write_text("seed_everything: 2\n")
-    assert train.resolve_config_paths(["fit", "--config", "configs/paper/quick.yaml"])[2] == "configs/paper/quick.yaml"
+    assert resolve(["fit", "--config", "configs/paper/quick.yaml"])[2] == "configs/paper/quick.yaml"
 
 
 def test_the_cli_finds_the_collection_configs_from_another_directory(tmp_path):
@@ -95,6 +98,7 @@ def test_a_regular_install_runs_a_shipped_config_from_any_directory(tmp_path):
     assert install.returncode == 0, install.stderr[-3000:]
     shipped = sorted(p.relative_to(target) for p in target.glob("configs/*/*.yaml"))
     assert shipped == sorted(p.relative_to(REPO) for p in REPO.glob("configs/*/*.yaml"))
+    assert Path("configs/trew/card.yaml") in shipped  # paper cards (and experiment.yaml protocols) ship as well
     env = {**os.environ, "PYTHONPATH": str(target), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
     origin = subprocess.run([sys.executable, "-c", "import importlib.util; print(importlib.util.find_spec('train')"
                              ".origin)"], env=env, cwd=elsewhere, capture_output=True, text=True, timeout=60)
@@ -105,3 +109,7 @@ def test_a_regular_install_runs_a_shipped_config_from_any_directory(tmp_path):
                          env=env, cwd=elsewhere, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "Traceback" not in run.stderr
+    # the registry reads the installed cards (an install has no docs/, results/ or tests/ to check paths against)
+    card = subprocess.run([sys.executable, "-m", "icml26.registry", "trew"], env=env, cwd=elsewhere,
+                          capture_output=True, text=True, timeout=120)
+    assert card.returncode == 0 and card.stdout.startswith("trew: "), card.stderr[-3000:]

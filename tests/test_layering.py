@@ -2,8 +2,8 @@
 
 Floors, from the ground up: ``lightning_modules`` (models, losses, injected strategy objects), ``datamodules``
 (data; from the models only the shared pure modules in ``DATAMODULE_ALLOWED``), ``callbacks`` (may import both),
-then ``train.py`` and ``experiments``. Every import counts, including those inside functions and
-``importlib.import_module("...")`` calls with a literal name.
+then ``train.py``, ``icml26`` (the command's support code) and ``experiments``. Every import counts, including
+those inside functions and ``importlib.import_module("...")`` calls with a literal name.
 """
 from __future__ import annotations
 
@@ -19,15 +19,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("lightning_modules", "datamodules", "callbacks")
-PROJECT = {*PACKAGES, "train", "experiments", "tests"}
+PROJECT = {*PACKAGES, "train", "experiments", "icml26", "tests"}
 # the only model modules a datamodule may import: the shared error type and the pure answer-checking helpers
 # (the RLVR verifier and the multi-answer format, which the SFT targets of many_answer_tasks are written in)
 DATAMODULE_ALLOWED = {"lightning_modules.errors", "lightning_modules.answers", "lightning_modules.causal_methods",
                       "lightning_modules.multi_answer_protocol"}
 FORBIDDEN = {
-    "lightning_modules": {"datamodules", "callbacks", "experiments", "train", "tests"},
-    "datamodules": {"lightning_modules", "callbacks", "experiments", "train", "tests"},
-    "callbacks": {"experiments", "train", "tests"},
+    "lightning_modules": {"datamodules", "callbacks", "experiments", "icml26", "train", "tests"},
+    "datamodules": {"lightning_modules", "callbacks", "experiments", "icml26", "train", "tests"},
+    "callbacks": {"experiments", "icml26", "train", "tests"},
 }
 HEAVY_LIBRARIES = ("diffusers", "timm")
 

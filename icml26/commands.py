@@ -1,0 +1,23 @@
+"""The ``icml26`` subcommands that are not LightningCLI stages (``fit``/``validate``/``test``/``predict``).
+
+Each entry maps a subcommand name to ``"module:function"``; the function takes the arguments after the subcommand
+(a list of strings) and returns the process exit code. They are imported only when called, so ``icml26 fit`` pays
+for none of them.
+"""
+from __future__ import annotations
+
+import importlib
+
+COMMANDS = {
+    "papers": ("icml26.registry:papers_command", "list the papers, or show one: icml26 papers [NAME]"),
+    "claims": ("icml26.claims:claims_command", "check every paper's claim against results/: icml26 claims"),
+    "experiment": ("experiments.runner:experiment_command",
+                   "run a paper's experiment: icml26 experiment NAME [--smoke] [--seeds N] [--out DIR] [--check]"),
+}
+
+
+def run_command(name: str, argv: list[str]) -> int:
+    """Run subcommand `name` with `argv`; returns its exit code."""
+    target, _ = COMMANDS[name]
+    module_name, function_name = target.split(":")
+    return int(getattr(importlib.import_module(module_name), function_name)(argv) or 0)
