@@ -44,7 +44,8 @@ from scipy import linalg
 from sklearn.metrics import roc_auc_score
 
 from callbacks.ema import EMAWeights
-from datamodules.synthetic_faces import FaceDataModule, gaussian_blur, key_for_identities, synthetic_faces
+from datamodules.face_renderer import gaussian_blur, synthetic_faces
+from datamodules.synthetic_faces import FaceDataModule, key_for_identities
 from experiments import kit
 from lightning_modules.tivdiff import MAX_KEY, TIVDiff, bit_accuracy, extract_message, message_bits
 

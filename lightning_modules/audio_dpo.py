@@ -11,10 +11,11 @@ rejected one a random wrong option. Loss, per question x with chosen y+ and reje
 where log pi(y|x) is the option's log-probability under the same prompt and audio (log-softmax over the
 question's options, `AudioLanguageModel.option_logprobs`).
 
-``negatives: adversarial`` is the variant reviewers asked for: the rejected option is the one the transcript
-asserts (``adv_label``) when it differs from the truth, else a random wrong option; ``train/adversarial_negative_
-share`` logs how often it applied. The data must contain questions whose transcript contradicts the acoustics for
-this to differ from ``random`` (``incongruent_fraction`` of the datamodule; configs/pclm/dpo_quick.yaml).
+``negatives: adversarial`` is an extra variant, not in the paper, with harder negatives: the rejected option is
+the one the transcript asserts (``adv_label``) when it differs from the truth, else a random wrong option;
+``train/adversarial_negative_share`` logs how often it applied. The data must contain questions whose transcript
+contradicts the acoustics for this to differ from ``random`` (``incongruent_fraction`` of the datamodule;
+configs/pclm/dpo_quick.yaml).
 
 Why the loss is written here and not taken from TRL: TRL's DPO loss lives inside ``DPOTrainer`` (a
 transformers ``Trainer`` over tokenised chosen/rejected *sequences* with its own data collator and reference

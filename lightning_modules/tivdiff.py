@@ -53,7 +53,7 @@ encoder on generated faces and a Frechet distance in encoder feature space).
 
 Deviations / reconstructions (all of them, since no paper text exists)
 -----------------------------------------------------------------------
-* Data: parametric synthetic faces (``datamodules/synthetic_faces.py``) at 16x16 grey instead of CelebA-HQ/FFHQ;
+* Data: parametric synthetic faces (``datamodules/face_renderer.py``) at 16x16 grey instead of CelebA-HQ/FFHQ;
   geometry = landmarks of the *mean* face in the image's pose/expression instead of a DECA/3DDFA render.
 * FR model: a CNN trained here (CosFace) instead of a pretrained ArcFace; embedding size 32 (not 512).
 * VIP losses, the orthogonal key mixing, the realism MMD term: reconstructions of "consistent, separable,

@@ -1,4 +1,5 @@
-"""Bad input fails fast with one message that names the problem and the fix (issue: foundation, item 1)."""
+"""Bad input fails fast with one message that names the problem and the fix: unknown or misspelt names, values
+outside their choices or range, missing or malformed data, truncated or foreign checkpoints, mismatched models."""
 from __future__ import annotations
 
 import os

@@ -14,7 +14,8 @@ from lightning_modules.rollout_allocation import (DARSAllocator, KnapsackAllocat
                                                   prob_nonzero_gradient, released_dp_extra_rollouts, rollout_cost)
 from lightning_modules.errors import UserInputError
 
-CARD_P = torch.tensor([0, 0, 1, 1, .05, .1, .2, .33, .5, .7, .9, .95], dtype=torch.float64)
+# a 12-prompt worked example: two never-solved, two always-solved and eight effective prompts, n = 8
+WORKED_P = torch.tensor([0, 0, 1, 1, .05, .1, .2, .33, .5, .7, .9, .95], dtype=torch.float64)
 
 
 def _objective(p, alloc):
@@ -41,15 +42,16 @@ def test_value_is_increasing_and_concave_in_n():
 
 
 # --------------------------------------------------------------------------------------------- knapsack
-def test_card_worked_example_released_dp_and_exact_greedy():
+def test_worked_example_released_dp_and_exact_greedy():
+    # the released DP's allocation was computed by running the released rule on these p
     valid = torch.ones(12, dtype=torch.bool)
-    dp, _ = allocate_budget(CARD_P, valid, 8, solver="dp", max_n=128)
+    dp, _ = allocate_budget(WORKED_P, valid, 8, solver="dp", max_n=128)
     assert dp.tolist() == [2, 2, 2, 2, 19, 21, 16, 10, 8, 9, 3, 2]
-    greedy, _ = allocate_budget(CARD_P, valid, 8, solver="greedy", max_n=128)
+    greedy, _ = allocate_budget(WORKED_P, valid, 8, solver="greedy", max_n=128)
     assert greedy.tolist() == [2, 2, 2, 2, 19, 21, 16, 11, 8, 9, 2, 2]
     assert int(greedy.sum()) == int(dp.sum()) == 96
     # the released DP's k = 0 quirk costs true value: greedy is strictly better on the real objective
-    assert _objective(CARD_P, greedy) > _objective(CARD_P, dp)
+    assert _objective(WORKED_P, greedy) > _objective(WORKED_P, dp)
 
 
 def _brute_force(p, base, max_extra, budget, quirk=False):
@@ -221,7 +223,7 @@ def test_uniform_allocator_is_the_grpo_baseline():
     ("equal_treatment", 32, True, [9, 5, 2, 1, 0, 0, 0, 0, 0]),
     ("hardness_weighted", 64, True, [23, 14, 6, 3, 0, 0, 0, 0, 0]),
 ])
-def test_dars_delta_n_reproduces_the_card_table(schedule, n_max, use_std, expected):
+def test_dars_delta_n_reproduces_the_schedule_table_of_the_official_code(schedule, n_max, use_std, expected):
     delta = dars_extra_rollouts(torch.full((9,), 8), torch.arange(9), schedule, n_max, use_std)
     assert delta.tolist() == expected
 

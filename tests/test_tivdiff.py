@@ -10,8 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from datamodules.synthetic_faces import (FaceDataModule, geometry_map, identity_parameters, nuisance_parameters,
-                                         read_celeba_identities, render_faces, synthetic_faces)
+from datamodules.face_datasets import read_celeba_identities
+from datamodules.face_renderer import (geometry_map, identity_parameters, nuisance_parameters, render_faces,
+                                       synthetic_faces)
+from datamodules.synthetic_faces import FaceDataModule
 from lightning_modules.errors import UserInputError
 from lightning_modules.tivdiff import (TIVDiff, VirtualIdentityProjection, bit_accuracy, bit_scores,
                                        cosface_loss, cross_key_linkability, ddim_invert, ddim_sample,
@@ -523,7 +525,7 @@ def test_lfw_release_root_and_official_pairs(tmp_path, layout):
 def test_official_split_caps_each_part_and_reports_pairs_left_out(tmp_path, caplog):
     root = _lfw_release(tmp_path, "release")
     data = FaceDataModule(source="lfw", data_dir=str(root), real_geometry="none", image_size=8, max_images=7)
-    with caplog.at_level("WARNING", logger="datamodules.synthetic_faces"):
+    with caplog.at_level("WARNING", logger="datamodules.face_datasets"):
         data.setup()
     assert data.num_train_identities == 3          # the first 7 training images: Aaron 2, Abel 3, Adam 2
     assert len(data.rows["test"]) == 7              # the first 7 of the 8 images the pairs name (Gray_Davis_0002 not)
