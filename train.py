@@ -92,6 +92,12 @@ class CollectionCLI(LightningCLI):
 
     before_validate = before_test = before_predict = before_fit
 
+    def after_fit(self) -> None:
+        """Say where the run's checkpoints went (rank 0 only)."""
+        if self.trainer.is_global_zero:
+            for line in checkpoints.written_checkpoints(self.trainer):
+                print(line)
+
 
 CLI_KWARGS = dict(
     model_class=LightningModule,

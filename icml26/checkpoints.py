@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 
-from lightning.pytorch import LightningModule
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_only
 
 from icml26.parse_errors import class_of
@@ -126,3 +127,18 @@ def check_checkpoint_fits_model(resume: dict | None, model: LightningModule) -> 
             f"tensors, e.g. {missing[:3]}; {len(mismatched)} shape mismatches, e.g. {mismatched[:3]}). "
             "--ckpt_path resumes the *same* run; to fine-tune a different configuration use "
             "--model.init_args.init_from.")
+
+
+def written_checkpoints(trainer: Trainer) -> list[str]:
+    """One line per checkpoint a fit wrote: the best (with its monitored score) and the last."""
+    lines = []
+    for callback in trainer.checkpoint_callbacks:
+        if not isinstance(callback, ModelCheckpoint):
+            continue
+        if callback.best_model_path:
+            score = callback.best_model_score
+            scored = f" ({callback.monitor} = {float(score):.4g})" if callback.monitor and score is not None else ""
+            lines.append(f"best checkpoint: {callback.best_model_path}{scored}")
+        if callback.last_model_path:
+            lines.append(f"last checkpoint: {callback.last_model_path}")
+    return lines
