@@ -121,11 +121,11 @@ def main(args: list[str] | dict | None = None, run: bool = True, cli_class: type
 def console_main() -> None:
     """``python train.py ...`` and the ``icml26`` console script: a collection command (`icml26.commands`) or the
     CLI; a user-input failure ends with one ``error:`` line and exit status 2."""
-    if len(sys.argv) > 1 and sys.argv[1] in COMMANDS:
-        sys.exit(run_command(sys.argv[1], sys.argv[2:]))
-    sys.argv[1:] = resolve_config_paths(sys.argv[1:])
     program = "icml26" if Path(sys.argv[0]).stem == "icml26" else "python train.py"
     try:
+        if len(sys.argv) > 1 and sys.argv[1] in COMMANDS:
+            sys.exit(run_command(sys.argv[1], sys.argv[2:]))
+        sys.argv[1:] = resolve_config_paths(sys.argv[1:])
         main()
     except ValueError as err:  # UserInputError, and Lightning's refusals of a config value
         explained = explain_run_error(err, sys.argv[1:], program)

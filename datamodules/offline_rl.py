@@ -11,17 +11,37 @@
 * Behaviour datasets, generated deterministically from ``seed`` (and cached per process): ``random`` (uniform
   actions) and ``medium`` (Pendulum: a noisy energy-pumping swing-up controller, with random actions half of the time;
   it reaches roughly half of the gap between random and expert returns, a stand-in for D4RL's half-trained SAC).
-* Local files (nothing is downloaded): ``d4rl`` = an HDF5 (``.hdf5``/``.h5``) or NPZ file with the D4RL keys
-  ``observations, actions, rewards, terminals, timeouts[, next_observations]`` read with ``qlearning_dataset``
-  semantics (without ``next_observations`` the next row is the next state and time-out steps are dropped);
-  ``minari`` = a local Minari dataset folder (``data/main_data.hdf5`` with ``episode_*`` groups).
+* Local files (nothing is downloaded), read as their official readers do:
+
+  - ``d4rl``: an HDF5 (``.hdf5``/``.h5``) or NPZ file with the D4RL keys ``observations, actions, rewards,
+    terminals[, timeouts, next_observations]``. Rewards, terminals and time-outs stored as ``(N, 1)`` are flattened
+    as ``d4rl.offline_env.OfflineEnv.get_dataset`` does. By default the transitions are exactly those of
+    ``d4rl.qlearning_dataset(env, terminate_on_end=False)`` (``d4rl/__init__.py``): the next state is the next row
+    (stored ``next_observations`` are ignored, as there), a row at a time-out is dropped and so is the last row.
+    Files without ``timeouts`` (the v0 releases) are read like D4RL reads them: the time-outs are inferred from the
+    environment's episode length (``max_episode_steps``, required for such files), with D4RL's own step counter
+    (`d4rl_inferred_timeouts`; after a terminal row it restarts at 1, so the next inferred time-out comes one row
+    early, kept for equal arrays). ``keep_timeouts=True`` keeps every row with the stored ``next_observations``
+    instead (a time-out step then is an ordinary transition bootstrapped from its true successor, and terminal rows
+    get their true last state). What changes for users: files with ``next_observations`` (the v2 releases) used to be
+    read that way; the default now drops their time-out rows (one per timed-out episode) and the last row, and takes
+    the next row as the successor of a terminal row, as D4RL does; ``keep_timeouts=True`` restores the old reading.
+  - ``minari``: a local Minari dataset folder (``data/main_data.hdf5`` with ``episode_<i>`` groups, as Minari's
+    ``HDF5Storage`` writes them). Every step is a transition (Minari stores T + 1 observations per episode, so
+    truncated steps have their true successor). A dictionary observation (an HDF5 group, e.g. the point-maze and
+    ant-maze ports: ``achieved_goal``, ``desired_goal``, ``observation``) is flattened by concatenating its arrays
+    in sorted key order (``gymnasium.spaces.flatten``'s order for a Dict space) or in the order of
+    ``observation_keys``; nested groups and tuple observations need ``observation_keys``.
+
   Evaluation in MuJoCo needs the optional ``gymnasium[mujoco]``; without it `make_env` raises a clear message.
 
-Batches are dicts ``obs, act, rew, next_obs, done`` (float32; ``done`` = true termination, not a time-out).
+Batches are dicts ``obs, act, rew, next_obs, done`` (float32; ``rew`` and ``done`` of shape [B]; ``done`` = true
+termination, not a time-out). `OfflineRLDataModule.dataset_identity` names the dataset (the PhyB stages compare it).
 """
 from __future__ import annotations
 
 import functools
+import logging
 import os
 
 import numpy as np
@@ -33,6 +53,7 @@ from lightning_modules.errors import UserInputError
 
 D4RL_KEYS = ("observations", "actions", "rewards", "terminals", "timeouts")
 SOURCES = ("currency_exchange", "pendulum", "d4rl", "minari")
+log = logging.getLogger(__name__)
 
 
 class CurrencyExchangeEnv:
@@ -142,26 +163,87 @@ def _check(data: dict[str, np.ndarray], path: str) -> dict[str, np.ndarray]:
     return data
 
 
-def qlearning_arrays(raw: dict[str, np.ndarray], path: str) -> dict[str, np.ndarray]:
-    """D4RL arrays -> transitions with ``d4rl.qlearning_dataset`` semantics."""
-    missing = [key for key in D4RL_KEYS if key not in raw]
+def _column(raw: dict[str, np.ndarray], key: str, n: int, path: str) -> np.ndarray:
+    """One value per row: ``(N,)``, or ``(N, 1)`` flattened as ``d4rl.offline_env.OfflineEnv.get_dataset`` does
+    for rewards and terminals (``qlearning_dataset`` reads ``timeouts[i]`` per row: ``(N, 1)`` time-outs read alike)."""
+    value = np.asarray(raw[key])
+    if value.shape == (n, 1):
+        return value[:, 0]
+    if value.shape != (n,):
+        raise UserInputError(f"{path}: '{key}' has shape {value.shape} but {n} observation rows; expected ({n},) "
+                             f"or ({n}, 1), one value per row.")
+    return value
+
+
+def d4rl_inferred_timeouts(terminals: np.ndarray, max_episode_steps: int) -> np.ndarray:
+    """The rows ``d4rl.qlearning_dataset`` treats as time-outs when a file has no ``timeouts`` (the v0 releases):
+    its ``episode_step`` counter over rows 0..N-2, final when it reaches ``max_episode_steps - 1``; it restarts at 0
+    after a dropped final step and, as D4RL's loop increments it after the reset, at 1 after a terminal row.
+    One iteration per episode, not per row."""
+    n = len(terminals)
+    final = np.zeros(n, dtype=bool)
+    ends = np.flatnonzero(terminals[:n - 1])
+    pos, step = 0, 0
+    while pos < n - 1:
+        k = int(np.searchsorted(ends, pos))
+        terminal_at = int(ends[k]) if k < len(ends) else n
+        final_at = pos + max_episode_steps - 1 - step if step <= max_episode_steps - 1 else n
+        if final_at <= terminal_at and final_at < n - 1:  # the final step wins over a terminal on the same row
+            final[final_at] = True
+            pos, step = final_at + 1, 0
+        elif terminal_at < n - 1:
+            pos, step = terminal_at + 1, 1
+        else:
+            break
+    return final
+
+
+def qlearning_arrays(raw: dict[str, np.ndarray], path: str, max_episode_steps: int | None = None,
+                     keep_timeouts: bool = False) -> dict[str, np.ndarray]:
+    """D4RL arrays -> transitions.
+
+    ``keep_timeouts=False``: exactly ``d4rl.qlearning_dataset(env, dataset, terminate_on_end=False)``: the next state
+    is the next row (stored ``next_observations`` are ignored, as D4RL does), the rows at a time-out and the last row
+    are dropped; without ``timeouts`` the time-outs are inferred from ``max_episode_steps`` (`d4rl_inferred_timeouts`).
+    ``keep_timeouts=True``: every row, with the stored ``next_observations`` as next state (required)."""
+    missing = [key for key in D4RL_KEYS if key != "timeouts" and key not in raw]
     if missing:
         raise UserInputError(f"{path} lacks the D4RL key(s) {missing}; expected {list(D4RL_KEYS)} "
-                             "(and optionally next_observations).")
-    n = len(raw["observations"])
-    for key in (*D4RL_KEYS, "next_observations"):
-        if key in raw and len(raw[key]) != n:
-            raise UserInputError(f"{path}: '{key}' has {len(raw[key])} rows but observations have {n}.")
-    obs, terminals = raw["observations"], raw["terminals"].astype(bool)
-    if "next_observations" in raw:
-        keep = np.ones(n, dtype=bool)
-        next_obs = raw["next_observations"]
-    else:  # the next row is the next state; the last step of a timed-out episode has no successor
-        keep = ~raw["timeouts"].astype(bool)
-        keep[-1] = False
+                             "(timeouts and next_observations optional).")
+    obs = np.asarray(raw["observations"])
+    if obs.ndim != 2:
+        raise UserInputError(f"{path}: 'observations' has shape {obs.shape}; expected (N, obs_dim).")
+    n = len(obs)
+    actions = np.asarray(raw["actions"])
+    if len(actions) != n:
+        raise UserInputError(f"{path}: 'actions' has {len(actions)} rows but observations have {n}.")
+    rewards, terminals = _column(raw, "rewards", n, path), _column(raw, "terminals", n, path).astype(bool)
+    if "next_observations" in raw and np.shape(raw["next_observations"]) != obs.shape:
+        raise UserInputError(f"{path}: 'next_observations' has shape {np.shape(raw['next_observations'])} but "
+                             f"observations have {obs.shape}.")
+    if keep_timeouts:
+        if "next_observations" not in raw:
+            raise UserInputError(f"{path} has no 'next_observations': keep_timeouts=true needs them (the next row "
+                                 "of a time-out step is the next episode's start); set data.init_args.keep_timeouts="
+                                 "false.")
+        keep, next_obs = np.ones(n, dtype=bool), np.asarray(raw["next_observations"])
+    else:
+        if "timeouts" in raw:
+            final = _column(raw, "timeouts", n, path).astype(bool)
+        elif max_episode_steps is None:
+            raise UserInputError(f"{path} has no 'timeouts' (a D4RL v0 release): D4RL then ends an episode after the "
+                                 "environment's max_episode_steps; set data.init_args.max_episode_steps (1000 for the "
+                                 "MuJoCo locomotion tasks).")
+        else:
+            final = d4rl_inferred_timeouts(terminals, max_episode_steps)
+        if "timeouts" in raw and max_episode_steps is not None:
+            log.warning("%s has timeouts: max_episode_steps=%d is not used (D4RL reads the file's time-outs).", path,
+                        max_episode_steps)
+        keep = ~final
+        keep[-1] = False  # D4RL's loop stops before the last row: it has no next row
         next_obs = np.concatenate([obs[1:], obs[-1:]])
-    data = {"obs": obs[keep], "act": raw["actions"][keep], "rew": raw["rewards"][keep].reshape(-1),
-            "next_obs": next_obs[keep], "done": terminals[keep]}
+    data = {"obs": obs[keep], "act": actions[keep], "rew": rewards[keep], "next_obs": next_obs[keep],
+            "done": terminals[keep]}
     return _check({k: np.asarray(v, dtype=np.float32) for k, v in data.items()}, path)
 
 
@@ -174,30 +256,76 @@ def _h5py():
     return h5py
 
 
-def load_d4rl_file(path: str) -> dict[str, np.ndarray]:
-    """A D4RL-style ``.hdf5``/``.h5`` or ``.npz`` file."""
+def load_d4rl_file(path: str, max_episode_steps: int | None = None,
+                   keep_timeouts: bool = False) -> dict[str, np.ndarray]:
+    """A D4RL ``.hdf5``/``.h5`` or ``.npz`` file read with `qlearning_arrays` (only the D4RL keys are read; groups
+    such as ``infos/`` and ``metadata/`` are ignored)."""
     if not os.path.isfile(path):
         raise UserInputError(f"data_path '{path}' does not exist; give a D4RL .hdf5/.h5 or .npz file.")
+    keys = (*D4RL_KEYS, "next_observations")
     if path.endswith(".npz"):
         with np.load(path) as f:
-            raw = {key: f[key] for key in f.files}
+            raw = {key: f[key] for key in keys if key in f.files}
     elif path.endswith((".hdf5", ".h5")):
-        with _h5py().File(path, "r") as f:
-            raw = {key: f[key][()] for key in f.keys() if not isinstance(f[key], _h5py().Group)}
+        h5py = _h5py()
+        with h5py.File(path, "r") as f:
+            raw = {}
+            for key in keys:
+                if key in f:
+                    if not isinstance(f[key], h5py.Dataset):
+                        raise UserInputError(f"{path}: '{key}' is an HDF5 group; D4RL stores it as one array.")
+                    raw[key] = f[key][()]
     else:
         raise UserInputError(f"data_path '{path}': unknown extension; expected .hdf5, .h5 or .npz.")
-    return qlearning_arrays(raw, path)
+    return qlearning_arrays(raw, path, max_episode_steps, keep_timeouts)
 
 
-def load_minari_folder(path: str) -> dict[str, np.ndarray]:
+def _minari_observations(node, where: str, keys: list[str] | None, h5py) -> np.ndarray:
+    """An episode's observations: an array, or a dictionary observation (an HDF5 group, as Minari writes a
+    ``gymnasium.spaces.Dict``) flattened to ``[T + 1, sum of sizes]`` over its keys in sorted order (the order of
+    ``gymnasium.spaces.flatten`` for a Dict space built from a dict) or in the order of ``keys``."""
+    if isinstance(node, h5py.Dataset):
+        if keys is not None:
+            raise UserInputError(f"{where} is an array, not a dictionary: observation_keys applies only to dictionary "
+                                 "observations; set data.init_args.observation_keys=null.")
+        value = node[()]
+        return value.reshape(len(value), -1)
+    if keys is None:
+        keys = sorted(node.keys())
+        nested = [key for key in keys if not isinstance(node[key], h5py.Dataset)]
+        if nested or not keys:
+            held = f"the groups {nested}" if nested else "nothing"
+            raise UserInputError(f"{where} is a group holding {held}: only a dictionary of arrays is flattened "
+                                 "automatically; name the arrays to concatenate with data.init_args.observation_keys "
+                                 "(paths inside the group, like 'a/b').")
+        if all(key.startswith("_index_") for key in keys):
+            raise UserInputError(f"{where} holds a tuple observation (_index_<i> arrays), not a dictionary; name the "
+                                 "arrays to concatenate, in order, with data.init_args.observation_keys.")
+    parts = []
+    for key in keys:
+        if key not in node or not isinstance(node[key], h5py.Dataset):
+            raise UserInputError(f"{where} has no array '{key}' (it holds {sorted(node.keys())}); fix "
+                                 "data.init_args.observation_keys.")
+        value = node[key][()]
+        parts.append(value.reshape(len(value), -1))
+    if len({len(p) for p in parts}) != 1:
+        raise UserInputError(f"{where}: the arrays {keys} have different numbers of rows {[len(p) for p in parts]}.")
+    return np.concatenate(parts, axis=1)
+
+
+def load_minari_folder(path: str, observation_keys: list[str] | None = None) -> dict[str, np.ndarray]:
     """A local Minari dataset folder: ``data/main_data.hdf5`` with ``episode_<i>`` groups holding ``observations``
-    (T + 1 rows), ``actions``, ``rewards``, ``terminations``, ``truncations`` (T rows)."""
+    (T + 1 rows; an array, or a group of arrays for dictionary observations, see `_minari_observations`),
+    ``actions``, ``rewards``, ``terminations`` (and ``truncations``) with T rows. Every step is a transition (the
+    T + 1 observations give each step its true successor, truncated steps included); ``done`` = ``terminations``."""
     file = os.path.join(path, "data", "main_data.hdf5")
     if not os.path.isfile(file):
         raise UserInputError(f"'{path}' is not a Minari dataset folder: {file} is missing.")
+    h5py = _h5py()
     parts = []
-    with _h5py().File(file, "r") as f:
-        episodes = sorted((k for k in f.keys() if k.startswith("episode_")), key=lambda k: int(k.split("_")[1]))
+    with h5py.File(file, "r") as f:
+        episodes = sorted((k for k in f.keys() if k.startswith("episode_") and k[8:].isdigit()),
+                          key=lambda k: int(k[8:]))
         if not episodes:
             raise UserInputError(f"{file} holds no episode_<i> groups.")
         for name in episodes:  # one read per stored episode group
@@ -205,13 +333,23 @@ def load_minari_folder(path: str) -> dict[str, np.ndarray]:
             missing = [k for k in ("observations", "actions", "rewards", "terminations") if k not in group]
             if missing:
                 raise UserInputError(f"{file}/{name} lacks {missing}.")
-            obs = group["observations"][()]
-            steps = len(group["actions"])
+            if not isinstance(group["actions"], h5py.Dataset):
+                raise UserInputError(f"{file}/{name}/actions is a group (a dictionary or tuple action space); only "
+                                     "array actions are read.")
+            obs = _minari_observations(group["observations"], f"{file}/{name}/observations", observation_keys, h5py)
+            actions = group["actions"][()]
+            steps = len(actions)
             if len(obs) != steps + 1:
                 raise UserInputError(f"{file}/{name}: {len(obs)} observations for {steps} actions "
                                      "(Minari stores T + 1 observations).")
-            parts.append({"obs": obs[:-1], "act": group["actions"][()], "rew": group["rewards"][()],
-                          "next_obs": obs[1:], "done": group["terminations"][()]})
+            columns = {key: group[key][()] for key in ("rewards", "terminations")}
+            rew, done = (_column(columns, key, steps, f"{file}/{name}") for key in ("rewards", "terminations"))
+            act = actions if actions.ndim == 2 else actions.reshape(steps, -1 if steps else 1)
+            parts.append({"obs": obs[:-1], "act": act, "rew": rew, "next_obs": obs[1:],
+                          "done": done})
+    sizes = sorted({p["obs"].shape[1] for p in parts})
+    if len(sizes) != 1:
+        raise UserInputError(f"{file}: episodes have different observation sizes {sizes}.")
     data = {k: np.concatenate([p[k] for p in parts]).astype(np.float32) for k in parts[0]}
     return _check(data, file)
 
@@ -240,12 +378,24 @@ class OfflineRLDataModule(LightningDataModule):
         val_fraction: held-out transitions (dynamics validation MSE, critic TD error).
         batch_size: transitions per batch; ``steps_per_epoch`` batches are drawn with replacement per epoch.
         seed: data generation and split seed.
+        max_episode_steps: ``d4rl`` files without ``timeouts`` only (the v0 releases): the environment's episode
+            length (``env._max_episode_steps``, 1000 for the MuJoCo locomotion tasks), from which D4RL's
+            ``qlearning_dataset`` infers the time-outs; required for such files, ignored (the file's time-outs win)
+            otherwise.
+        keep_timeouts: ``d4rl`` files only. False (default): ``d4rl.qlearning_dataset`` exactly, dropping the
+            time-out rows and the last row and taking the next row as next state. True: every row, with the file's
+            ``next_observations`` (required) as next state: time-out steps become ordinary transitions (done = 0,
+            bootstrapped from their true successor) and terminal rows get their true last state.
+        observation_keys: ``minari`` folders with dictionary observations only: the arrays of the observation group
+            to concatenate, in this order (paths inside the group, like ``observation`` or ``a/b``); by default every
+            array of the group in sorted key order (``gymnasium.spaces.flatten``'s order for a Dict space).
     """
 
     def __init__(self, source: str = "currency_exchange", behaviour: str = "random", num_transitions: int = 20000,
                  data_path: str | None = None, env_id: str | None = None, ref_min_return: float | None = None,
                  ref_max_return: float | None = None, val_fraction: float = 0.1, batch_size: int = 256,
-                 steps_per_epoch: int = 100, seed: int = 0) -> None:
+                 steps_per_epoch: int = 100, seed: int = 0, max_episode_steps: int | None = None,
+                 keep_timeouts: bool = False, observation_keys: list[str] | None = None) -> None:
         super().__init__()
         if source not in SOURCES:
             raise UserInputError(f"source='{source}' is unknown; choose one of {SOURCES}.")
@@ -255,6 +405,15 @@ class OfflineRLDataModule(LightningDataModule):
             raise UserInputError(f"source={source} reads a local dataset: set data.init_args.data_path.")
         if not 0.0 < val_fraction < 1.0:
             raise UserInputError(f"val_fraction={val_fraction} must lie in (0, 1).")
+        if source != "d4rl" and (max_episode_steps is not None or keep_timeouts):
+            raise UserInputError(f"max_episode_steps and keep_timeouts apply to source=d4rl files only (source="
+                                 f"{source} keeps every step with its true successor); unset them.")
+        if max_episode_steps is not None and max_episode_steps < 1:
+            raise UserInputError(f"max_episode_steps={max_episode_steps} must be at least 1.")
+        if observation_keys is not None and (source != "minari" or not observation_keys
+                                             or not all(isinstance(k, str) and k for k in observation_keys)):
+            raise UserInputError(f"observation_keys={observation_keys!r}: a non-empty list of array names, for "
+                                 "source=minari folders with dictionary observations only; unset it otherwise.")
         self.save_hyperparameters()
         self.obs_dim: int | None = ENVS[source].obs_dim if source in ENVS else None
         self.action_dim: int | None = ENVS[source].action_dim if source in ENVS else None
@@ -267,7 +426,19 @@ class OfflineRLDataModule(LightningDataModule):
             data = dict(generate_dataset(h.source, h.behaviour, h.num_transitions, h.seed))
             self.behaviour_return = float(data.pop("behaviour_return"))
             return data
-        return load_d4rl_file(h.data_path) if h.source == "d4rl" else load_minari_folder(h.data_path)
+        if h.source == "minari":
+            return load_minari_folder(h.data_path, h.observation_keys)
+        return load_d4rl_file(h.data_path, h.max_episode_steps, h.keep_timeouts)
+
+    @property
+    def dataset_identity(self) -> dict[str, object]:
+        """Which dataset this is (stored in the dynamics-ensemble checkpoint; the policy stage refuses another):
+        the source, the behaviour policy or the file/folder name (not its directory, so moved files still match),
+        the Minari observation keys and the sizes (None before ``setup`` for files)."""
+        h = self.hparams
+        name = h.behaviour if h.source in ENVS else os.path.basename(os.path.normpath(h.data_path))
+        return {"source": h.source, "dataset": name, "observation_keys": h.observation_keys,
+                "obs_dim": self.obs_dim, "action_dim": self.action_dim}
 
     def setup(self, stage: str | None = None) -> None:
         if self.splits is not None:

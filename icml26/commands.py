@@ -13,6 +13,8 @@ COMMANDS = {
     "claims": ("icml26.claims:claims_command", "check every paper's claim against results/: icml26 claims"),
     "experiment": ("experiments.runner:experiment_command",
                    "run a paper's experiment: icml26 experiment NAME [--smoke] [--seeds N] [--out DIR] [--check]"),
+    "sweep": ("icml26.sweep:sweep_command",
+              "run a W&B sweep file locally, offline: icml26 sweep configs/sweeps/NAME.yaml --count N [-- flags]"),
 }
 
 

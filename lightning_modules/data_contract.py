@@ -150,5 +150,6 @@ class OfflineRLData(Protocol):
 
     obs_dim: int | None
     action_dim: int | None
+    dataset_identity: dict[str, Any] | None  # source, dataset name and sizes (checked between the two PhyB stages)
 
     def training_transitions(self) -> dict[str, Tensor]: ...

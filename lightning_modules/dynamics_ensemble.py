@@ -23,6 +23,11 @@ Optimization with Posterior Hybrid Bayesian Belief" (Lin, Wang, Zheng; ICML 2026
 * Validation: the held-out MSE of each member's mean prediction (normalised outputs); the ``num_elites`` best
   members are marked in the ``elite_mask`` buffer (the policy stage samples among them). Deviation: the code samples
   among all members and validates every 5 epochs only when a validation ratio is set.
+* The checkpoint records which dataset the ensemble was fitted on (``checkpoint["offline_rl_dataset"]``: source,
+  behaviour policy or file name, sizes; `OfflineRLDataModule.dataset_identity`); the policy stage refuses to start
+  from it on another dataset (`check_dataset_identity`), even one with the same sizes.
+* Every batch is checked to hold ``rew`` and ``done`` of shape [B] (`check_batch`): a [B, 1] column would broadcast
+  ``r + gamma (1 - d) V`` to [B, B] without an error.
 """
 from __future__ import annotations
 
@@ -37,6 +42,7 @@ from lightning_modules.data_contract import OfflineRLData
 from lightning_modules.errors import UserInputError
 
 LOGIT_99 = math.log(0.99 / 0.01)
+DATASET_IDENTITY_KEY = "offline_rl_dataset"
 
 
 def termination_currency_exchange(obs: Tensor, act: Tensor, next_obs: Tensor) -> Tensor:
@@ -164,6 +170,42 @@ def nll_loss(mu: Tensor, std: Tensor, target: Tensor, beta: float) -> Tensor:
     return (nll * weight).sum(0).mean()
 
 
+def check_batch(batch: dict[str, Tensor]) -> None:
+    """A batch of transitions has obs/next_obs [B, O], act [B, A] and rew/done [B]: anything else would broadcast
+    silently in the losses and targets (a [B, 1] reward makes ``r + gamma (1 - d) V(s')`` a [B, B] matrix)."""
+    size = len(batch["obs"])
+    for key, dims in (("obs", 2), ("act", 2), ("next_obs", 2), ("rew", 1), ("done", 1)):
+        value = batch[key]
+        if value.dim() != dims or len(value) != size:
+            shape = "[B]" if dims == 1 else "[B, size]"
+            raise UserInputError(f"the batch's '{key}' has shape {list(value.shape)}, expected {shape} with "
+                                 f"B = {size}: the datamodule must give one row per transition (rewards and done "
+                                 "flags flattened, as datamodules.offline_rl does).")
+
+
+def describe_identity(identity: dict) -> str:
+    """``source:dataset [keys] (obs_dim=.., action_dim=..)`` for error messages."""
+    keys = identity.get("observation_keys")
+    name = f"{identity.get('source')}:{identity.get('dataset')}" + (f" {keys}" if keys else "")
+    return f"{name} (obs_dim={identity.get('obs_dim')}, action_dim={identity.get('action_dim')})"
+
+
+def check_dataset_identity(recorded: dict | None, current: dict | None, checkpoint: str) -> None:
+    """Refuse a checkpoint whose recorded dataset (`DATASET_IDENTITY_KEY`) is not the attached data: the source,
+    the dataset name and the observation keys must be equal, and the sizes where both sides know them. A
+    checkpoint without a record (written before datasets were recorded) is not checked."""
+    if not recorded or not current:
+        return
+    same_name = all(recorded.get(key) == current.get(key) for key in ("source", "dataset", "observation_keys"))
+    same_sizes = all(recorded.get(key) is None or current.get(key) is None or recorded[key] == current[key]
+                     for key in ("obs_dim", "action_dim"))
+    if not (same_name and same_sizes):
+        raise UserInputError(f"init_from '{checkpoint}' holds a dynamics ensemble fitted on "
+                             f"{describe_identity(recorded)} but the data is {describe_identity(current)}: train the "
+                             "ensemble on this dataset first (stage 1 with the same data.init_args), or set "
+                             "model.init_args.allow_other_dataset=true if it is the same data under another name.")
+
+
 def check_dims(module, obs_dim: int, action_dim: int) -> None:
     """The attached data must have the configured (and checkpointed) observation and action sizes."""
     module.check_data_matches(OfflineRLData, {"obs_dim": obs_dim, "action_dim": action_dim},
@@ -198,16 +240,28 @@ class DynamicsEnsemble(PaperModule):
         self.ensemble = GaussianEnsemble(obs_dim, action_dim, ensemble_size, hidden_dim, hidden_layers)
         self.register_buffer("val_sq_error", torch.zeros(ensemble_size), persistent=False)
         self.register_buffer("val_count", torch.zeros(()), persistent=False)
+        self.dataset_identity: dict | None = None  # the data the ensemble is fitted on (written to checkpoints)
 
     def setup(self, stage: str) -> None:
         check_dims(self, self.hparams.obs_dim, self.hparams.action_dim)
         super().setup(stage)
+        if stage == "fit":
+            self.dataset_identity = self.data_value(OfflineRLData, "dataset_identity", self.dataset_identity)
         data = self.attached_data(OfflineRLData)
         if stage == "fit" and data is not None and not bool(self.ensemble.fitted):
             self.ensemble.set_statistics(data.training_transitions())
             self.ensemble.fitted.fill_(True)
 
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint[DATASET_IDENTITY_KEY] = self.dataset_identity
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self.dataset_identity = checkpoint.get(DATASET_IDENTITY_KEY, self.dataset_identity)
+
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        check_batch(batch)
         size, members = len(batch["obs"]), self.hparams.ensemble_size
         index = (torch.randint(size, (members, size), device=self.device) if self.hparams.bootstrap
                  else torch.arange(size, device=self.device).expand(members, size))
@@ -225,6 +279,7 @@ class DynamicsEnsemble(PaperModule):
         self.val_count.zero_()
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        check_batch(batch)
         mu, _ = self.ensemble(batch["obs"], batch["act"])
         error = ((mu - self.ensemble.normalised_targets(batch)) / self.ensemble.output_std).square().mean(-1)  # [E, B]
         self.val_sq_error += error.sum(-1)

@@ -36,10 +36,15 @@ to about [0, 1] and clips Q to [0, 1/(1 - gamma)]; a pure scale keeps Q converti
 losses share one backward pass (their graphs are disjoint: the actor's weights are computed without gradient), so the
 actor step uses the critic before its update; the optional Bregman regulariser of the code is not implemented;
 the ensemble forward evaluates all members and gathers the sampled ones (simple; E is small off the paper scale).
+
+Checks: the ``init_from`` ensemble must have been fitted on the attached dataset (the source, the behaviour policy or
+file name and the sizes recorded in its checkpoint, `check_dataset_identity`; ``allow_other_dataset`` overrides it for
+the same data under another name), and every batch must hold ``rew`` and ``done`` of shape [B] (`check_batch`).
 """
 from __future__ import annotations
 
 import copy
+import logging
 import math
 
 import torch
@@ -48,9 +53,12 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 
 from lightning_modules.base import PaperModule, _build_from_config
-from lightning_modules.dynamics_ensemble import (TERMINATION_FNS, EnsembleMLP, GaussianEnsemble, check_dims,
-                                                 done_probability)
+from lightning_modules.data_contract import OfflineRLData
+from lightning_modules.dynamics_ensemble import (DATASET_IDENTITY_KEY, TERMINATION_FNS, EnsembleMLP, GaussianEnsemble,
+                                                 check_batch, check_dataset_identity, check_dims, done_probability)
 from lightning_modules.errors import UserInputError, check_range
+
+log = logging.getLogger(__name__)
 
 BELIEF_TARGETS = ("mean", "mopo", "pmdb", "phyb")
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
@@ -82,6 +90,16 @@ def kl_temperature(q: Tensor, log_w: Tensor, target_kl: float, sharp: float = 1e
 def soft_value(q: Tensor, log_w: Tensor, alpha: Tensor) -> Tensor:
     """``alpha (logsumexp(q/alpha + log w) - logsumexp(log w))`` over the last dimension."""
     return alpha[..., 0] * (torch.logsumexp(q / alpha + log_w, -1) - torch.logsumexp(log_w, -1))
+
+
+def recorded_dataset(path: str, trusted: bool = False) -> dict | None:
+    """The dataset recorded in a checkpoint (`DATASET_IDENTITY_KEY`), or None. Called after the weights were read
+    from the same file (which validated it); memory-mapped, so the tensors are not read a second time."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=not trusted, mmap=True)
+    except RuntimeError:  # a file saved without torch's zip format cannot be memory-mapped
+        payload = torch.load(path, map_location="cpu", weights_only=not trusted)
+    return payload.get(DATASET_IDENTITY_KEY) if isinstance(payload, dict) else None
 
 
 def tanh_normal_log_prob(u: Tensor, mean: Tensor, log_std: Tensor) -> Tensor:
@@ -139,6 +157,8 @@ class OfflineModelBasedRL(PaperModule):
         belief_target: ``mean`` | ``mopo`` | ``pmdb`` | ``phyb``.
         num_models: N models per state (10); k_smallest: PhyB's subset (5); pmdb_k: PMDB's order statistic (2).
         reward_scale: rewards are multiplied by it in the critic (Q / reward_scale is a return).
+        allow_other_dataset: start from an ensemble checkpoint that recorded another dataset (source, behaviour or
+            file name) than the attached one; only for the same data under another name (default False: an error).
     """
 
     def __init__(self, obs_dim: int = 3, action_dim: int = 1, ensemble_size: int = 7, ensemble_hidden_dim: int = 200,
@@ -153,7 +173,8 @@ class OfflineModelBasedRL(PaperModule):
                  optimizer: OptimizerCallable = torch.optim.Adam,
                  actor_optimizer: OptimizerCallable = torch.optim.Adam,
                  lr_scheduler: LRSchedulerCallable | None = None,
-                 init_from: str | None = None, init_from_trusted: bool = False) -> None:
+                 init_from: str | None = None, init_from_trusted: bool = False,
+                 allow_other_dataset: bool = False) -> None:
         super().__init__(optimizer=optimizer, lr_scheduler=lr_scheduler, init_from=init_from,
                          init_from_trusted=init_from_trusted)
         if belief_target not in BELIEF_TARGETS:
@@ -192,6 +213,8 @@ class OfflineModelBasedRL(PaperModule):
         self.register_buffer("buffer_count", torch.zeros((), dtype=torch.long))
         self.register_buffer("rollout_obs", torch.zeros(rollout_batch, obs_dim))
         self.register_buffer("rollout_steps", torch.zeros(rollout_batch, dtype=torch.long))
+        self.init_from_dataset: dict | None = None  # the dataset recorded in the init_from checkpoint
+        self.dataset_identity: dict | None = None   # the dataset this policy is trained on (written to checkpoints)
 
     # ----------------------------------------------------------------------------- set-up
     def setup(self, stage: str) -> None:
@@ -203,6 +226,13 @@ class OfflineModelBasedRL(PaperModule):
         if bad:
             raise UserInputError(f"init_from '{self.init_from}' holds an ensemble of another size ({bad[0]}); set "
                                  "obs_dim/action_dim/ensemble_* to the checkpoint's or retrain the ensemble.")
+        if stage == "fit":
+            current = self.data_value(OfflineRLData, "dataset_identity")
+            if self.init_from_report is not None and not h.allow_other_dataset:
+                check_dataset_identity(self.init_from_dataset, current, self.init_from)
+            self.dataset_identity = current or self.dataset_identity or self.init_from_dataset
+        if self.checkpoint_being_restored():  # an exact resume restores the ensemble right after setup
+            return
         if stage == "fit" and not bool(self.ensemble.fitted):
             raise UserInputError("the dynamics ensemble is untrained: set model.init_args.init_from to a "
                                  "DynamicsEnsemble checkpoint (python train.py fit --config "
@@ -211,6 +241,22 @@ class OfflineModelBasedRL(PaperModule):
         if stage == "fit" and h.belief_target != "pmdb" and h.num_models > elites:
             raise UserInputError(f"num_models={h.num_models} exceeds the checkpoint's {elites}"
                                  " elite models; lower num_models or raise num_elites in the ensemble stage.")
+
+    def load_initial_weights(self) -> dict[str, list[str]]:
+        report = super().load_initial_weights()
+        self.init_from_dataset = recorded_dataset(self.init_from, self.init_from_trusted)
+        if self.init_from_dataset is None:
+            log.warning("init_from %s records no dataset (written before datasets were recorded): make sure its "
+                        "ensemble was fitted on the attached data.", self.init_from)
+        return report
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint[DATASET_IDENTITY_KEY] = self.dataset_identity
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self.dataset_identity = checkpoint.get(DATASET_IDENTITY_KEY, self.dataset_identity)
 
     def configure_optimizers(self):
         critic = self.build_optimizer(self.critic.parameters())
@@ -330,6 +376,7 @@ class OfflineModelBasedRL(PaperModule):
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         h = self.hparams
+        check_batch(batch)
         critic_opt, actor_opt = self.optimizers()
         rollout = self.rollout_step(batch["obs"])
         size = len(batch["obs"])
@@ -358,6 +405,7 @@ class OfflineModelBasedRL(PaperModule):
                        "train/belief_max_weight": rollout["weights"].max(-1).values.mean()}, prog_bar=False)
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        check_batch(batch)
         error = self.q_min(self.critic, batch["obs"], batch["act"]) - self.real_target(batch)
         self.val_td_error.update(error.square())
         self.log("val/td_error", self.val_td_error, prog_bar=True)

@@ -1,5 +1,5 @@
-"""PhyB (issue 14): the hybrid-belief weights, the PMDB order statistic, the temperature, soft termination, the
-environments and loaders, the ensemble -> policy chain, and the errors for bad input."""
+"""PhyB (arXiv 2606.00680): the hybrid-belief weights, the PMDB order statistic, the temperature, soft termination,
+the environments and loaders, the ensemble -> policy chain, and the errors for bad input."""
 from __future__ import annotations
 
 import math
@@ -121,7 +121,7 @@ def test_d4rl_npz_has_qlearning_semantics_and_clear_errors(tmp_path):
     np.testing.assert_allclose(data["next_obs"][0], arrays["observations"][1].astype(np.float32))
     np.testing.assert_allclose(data["obs"][2], arrays["observations"][3].astype(np.float32))
     np.savez(tmp_path / "missing.npz", **{k: v for k, v in arrays.items() if k != "timeouts"})
-    with pytest.raises(UserInputError, match="timeouts"):
+    with pytest.raises(UserInputError, match="no 'timeouts'.*max_episode_steps"):  # a v0 file: the episode length
         load_d4rl_file(str(tmp_path / "missing.npz"))
     np.savez(tmp_path / "short.npz", **{**arrays, "rewards": arrays["rewards"][:3]})
     with pytest.raises(UserInputError, match="rewards"):
