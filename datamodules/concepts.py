@@ -13,11 +13,15 @@ Datasets
   ``x = tanh(W z) + noise * eps`` with a fixed random ``W`` (``feature_dim`` x 2 ``pairs``, N(0, 1) entries, drawn
   from the seed) and ``y = c_0 xor c_2``. Conditionally on ``x`` the concepts stay correlated when ``noise`` hides
   part of z: that is what a concept copula can exploit at intervention time.
-* ``cub``: CUB-200-2011 with the concept split of Koh et al. (Concept Bottleneck Models): ``data_dir`` holds
-  ``class_attr_data_10/{train,val,test}.pkl`` (lists of dicts with ``img_path``, ``class_label``,
-  ``attribute_label`` = 112 binary attributes) and ``CUB_200_2011/images/<class>/<file>.jpg``. The pickles' absolute
-  ``img_path`` is resolved from its part after ``images/``. 200 tasks, 112 concepts in 28 attribute groups (the
-  CEM code's ``SELECTED_CONCEPTS`` of the 312 CUB attributes, grouped by the name before ``::``).
+* ``cub``: CUB-200-2011 with the concept split of Koh et al. (Concept Bottleneck Models): the split pickles
+  ``{train,val,test}.pkl`` (lists of dicts with ``id``, ``img_path``, ``class_label``, ``attribute_label`` = 112
+  binary attributes, ``attribute_certainty``, ``uncertain_attribute_label``) in either released layout,
+  ``data_dir/class_attr_data_10/`` (the CEM repository's, ``cem/data/CUB200/cub_loader.py``) or
+  ``data_dir/CUB_processed/class_attr_data_10/`` (Koh et al.'s, github.com/yewsiang/ConceptBottleneck), with the
+  images in ``data_dir/CUB_200_2011/images/<class>/<file>.jpg``. The pickles' ``img_path`` is an absolute path on
+  the authors' machine; as the official ``CUBDataset.__getitem__`` keeps its part from ``CUB_200_2011`` on, it is
+  read from its part after ``images/``. 200 tasks, 112 concepts in 28 attribute groups (the CEM code's
+  ``SELECTED_CONCEPTS`` of the 312 CUB attributes, grouped by the name before ``::``).
 * ``celeba``: torchvision's folder layout ``data_dir/celeba/{list_attr_celeba.txt, img_align_celeba/*.jpg}``
   (``data_dir`` may be the ``celeba`` folder itself). The CEM paper's construction: the ``celeba_concepts`` most
   balanced attributes are the concepts, the next ``celeba_hidden`` are hidden, the task is the integer whose bits
@@ -109,33 +113,83 @@ def synthetic_data(name: str, size: int, gen: torch.Generator, pairs: int = 3, r
 
 
 # ============================================================================================ file datasets
+CUB_LAYOUTS = (("class_attr_data_10",), ("CUB_processed", "class_attr_data_10"))   # the CEM repository's, Koh et al.'s
+
+
+def cub_split_dir(root: str) -> str:
+    """The folder of the ``{train,val,test}.pkl`` split pickles under ``root``, in either released layout.
+
+    The CEM repository (``cem/data/CUB200/cub_loader.py::generate_data``) reads ``<root>/class_attr_data_10``;
+    Koh et al.'s (github.com/yewsiang/ConceptBottleneck, ``CUB/README.md``: ``-data_dir
+    CUB_processed/class_attr_data_10``) keeps the pickles in ``<root>/CUB_processed/class_attr_data_10``. Both put
+    the images in ``<root>/CUB_200_2011/images``.
+    """
+    found = [os.path.join(root, *parts) for parts in CUB_LAYOUTS
+             if os.path.isfile(os.path.join(root, *parts, "train.pkl"))]
+    if not found:
+        raise UserInputError(f"cub: data_dir '{root}' holds neither class_attr_data_10/train.pkl (the CEM "
+                             "repository's layout) nor CUB_processed/class_attr_data_10/train.pkl (Koh et al.'s "
+                             "layout); extract Koh et al.'s CUB_processed (with train/val/test.pkl) and CUB_200_2011 "
+                             "(with its images/ folder) into data_dir.")
+    if len(found) > 1:
+        raise UserInputError(f"cub: data_dir '{root}' holds both class_attr_data_10/ and "
+                             "CUB_processed/class_attr_data_10/; keep one of the two copies of the split pickles.")
+    return found[0]
+
+
+def cub_image_path(images: str, img_path: str) -> str | None:
+    """The local file of a pickle's ``img_path``: its part after the last ``images`` folder, under ``images``.
+
+    The pickles store absolute paths from the authors' machine (``/juice/.../CUB_200_2011/images/<class>/<file>``);
+    the official ``CUBDataset.__getitem__`` (``CUB/dataset.py`` of Koh et al., ``cub_loader.py`` of the CEM code)
+    keeps the part from ``CUB_200_2011`` on, which is the same file. None when the path has no ``images`` folder.
+    """
+    parts = str(img_path).replace("\\", "/").split("/")
+    if "images" not in parts:
+        return None
+    rest = parts[len(parts) - parts[::-1].index("images"):]
+    if not rest or any(p in ("", ".", "..") for p in rest):
+        return None
+    return os.path.join(images, *rest)
+
+
 def read_cub_split(root: str, split: str) -> tuple[list[str], Tensor, Tensor]:
-    """Image paths, class labels [N] and 112 attributes [N, 112] of one Koh et al. split pickle."""
-    path = os.path.join(root, "class_attr_data_10", f"{split}.pkl")
+    """Image paths, class labels [N] and 112 attributes [N, 112] of one Koh et al. split pickle (either layout)."""
+    path = os.path.join(cub_split_dir(root), f"{split}.pkl")
     if not os.path.isfile(path):
-        raise UserInputError(f"cub: '{path}' is missing. data_dir must hold class_attr_data_10/{{train,val,test}}.pkl "
-                             "(Koh et al.'s CUB concept split) and CUB_200_2011/images/.")
+        raise UserInputError(f"cub: '{path}' is missing; the split folder must hold train.pkl, val.pkl and test.pkl "
+                             "(Koh et al.'s CUB concept split).")
     records = load_release_pickle(path, "CUB split file", encoding="latin1")
     keys = ("img_path", "class_label", "attribute_label")
     if not isinstance(records, list) or not records or not all(isinstance(r, dict) and all(k in r for k in keys)
                                                                for r in records):
         raise UserInputError(f"cub: '{path}' must be a non-empty list of dicts with keys {', '.join(keys)} "
                              "(the layout of Koh et al.'s class_attr_data_10 pickles).")
-    attrs = np.asarray([r["attribute_label"] for r in records])
+    try:
+        attrs = np.asarray([r["attribute_label"] for r in records], dtype=float)
+    except (TypeError, ValueError):
+        attrs = np.zeros((0,))
     if attrs.ndim != 2 or attrs.shape[1] != len(CUB_SELECTED) or not np.isin(attrs, (0, 1)).all():
         raise UserInputError(f"cub: '{path}': attribute_label must be {len(CUB_SELECTED)} binary values per "
-                             f"record (got shape {attrs.shape}).")
+                             f"record (got shape {attrs.shape}): class_attr_data_10 holds the 112 selected "
+                             "attributes; the raw 312-attribute pickles of Koh et al.'s data_processing.py are not "
+                             "the concept split.")
     labels = np.asarray([r["class_label"] for r in records])
-    if labels.min() < 0 or labels.max() >= 200:
-        raise UserInputError(f"cub: '{path}': class_label must lie in [0, 199].")
+    if not np.issubdtype(labels.dtype, np.integer) or labels.min() < 0 or labels.max() >= 200:
+        raise UserInputError(f"cub: '{path}': class_label must be an integer in [0, 199].")
     images = os.path.join(root, "CUB_200_2011", "images")
-    paths = [os.path.join(images, *str(r["img_path"]).replace("\\", "/").split("images/", 1)[-1].split("/"))
-             for r in records]
-    missing = [p for p in paths if not os.path.isfile(p)]
+    paths = [cub_image_path(images, r["img_path"]) for r in records]
+    bad = next((i for i, p in enumerate(paths) if p is None), None)
+    if bad is not None:
+        raise UserInputError(f"cub: '{path}', record {bad}: img_path {str(records[bad]['img_path'])!r} has no "
+                             "'images/<class>/<file>' part to find the image under CUB_200_2011/images.")
+    missing = [(i, p) for i, p in enumerate(paths) if not os.path.isfile(p)]
     if missing:
-        raise UserInputError(f"cub: {len(missing)} image(s) of '{path}' are missing, e.g. '{missing[0]}'. "
-                             "Extract CUB_200_2011 (with its images/ folder) into data_dir.")
-    return paths, torch.from_numpy(labels).long(), torch.from_numpy(attrs).float()
+        i, p = missing[0]
+        raise UserInputError(f"cub: {len(missing)} image(s) of '{path}' are missing, e.g. record {i} "
+                             f"(img_path {str(records[i]['img_path'])!r}) read as '{p}'. Extract CUB_200_2011 "
+                             "(with its images/ folder) into data_dir, next to the split pickles' folder.")
+    return paths, torch.from_numpy(labels.astype(np.int64)), torch.from_numpy(attrs).float()
 
 
 def read_celeba(root: str) -> tuple[list[str], Tensor, list[str]]:
@@ -222,7 +276,8 @@ class ConceptDataModule(LightningDataModule):
         self.concept_imbalance: Tensor | None = None
         self.in_channels = 3
         if dataset in ("cub", "celeba"):
-            expected = ("class_attr_data_10/{train,val,test}.pkl and CUB_200_2011/images/" if dataset == "cub" else
+            expected = ("class_attr_data_10/{train,val,test}.pkl (or CUB_processed/class_attr_data_10/) and "
+                        "CUB_200_2011/images/" if dataset == "cub" else
                         "celeba/list_attr_celeba.txt and celeba/img_align_celeba/")
             self.data_dir = require_data_dir(data_dir, dataset, expected)
             self.input_dim = None
@@ -231,8 +286,7 @@ class ConceptDataModule(LightningDataModule):
         if dataset == "cub":
             self.num_concepts, self.num_tasks = len(CUB_SELECTED), 200
             self.group_names, self.concept_groups = cub_concept_groups()
-            if not os.path.isfile(os.path.join(self.data_dir, "class_attr_data_10", "train.pkl")):
-                read_cub_split(self.data_dir, "train")   # raises the missing-pickle error now
+            cub_split_dir(self.data_dir)   # raises the missing-pickle error now
         elif dataset == "celeba":
             self.num_concepts, self.num_tasks = celeba_concepts, None   # tasks: the values present (setup)
             self.concept_groups = [[i] for i in range(celeba_concepts)]

@@ -22,12 +22,22 @@ Splits: training sentences (``num_train``) as supervised LM batches; validation 
 training mix of personas; test and predict use ``probe_persona``, the persona prefix of the probe). Every split
 has its own random stream of the seed; the world is shared.
 
-Scenario files (``source: file``): ``scenario_file`` holds one scenario per line, optionally followed by a TAB
-and its emotion label (one of the 135 words); the probe prompt is ``prompt_template`` formatted with the
-scenario and ``persona`` (the paper's probes: ``"{scenario} The emotion in this sentence is"`` for the trees,
-``"{scenario}\\nAs a {persona}, I think the emotion involved in this situation is"`` for persona recognition).
-The tokenizer comes from ``tokenizer_path`` (a local transformers folder; nothing is downloaded). Files are for
-probing only: there is no training split.
+Scenario files (``source: file``), read as the official code reads them (github.com/phys-ai/Emotion-Hierarchy-LLMs,
+``emotion_hierarchy/scoring.py``, functions ``read_lines`` and ``read_scenarios``): a ``*.jsonl`` ``scenario_file``
+holds one ``{"label": ..., "text": ...}`` object per line (the released ``data/recognition_scenarios.jsonl``, 20
+scenarios for each of the 135 words; blank lines skipped); any other file holds one scenario per line, optionally
+followed by a TAB and its emotion label, and every line is a prompt, an empty one too (the released
+``data/hierarchy_prompts.txt`` has 5,000 rows, 3 of them empty, and the official scoring keeps them all). The
+``prompt_id`` of a prompt is its 0-based record number in the file, so predictions line up with the official
+scoring order. A label must be one of the 135 words; a JSON record in a plain-text file, invalid JSON, an unknown
+label or a file without any scenario end in a `UserInputError` naming file and line. The probe prompt is
+``prompt_template`` formatted with the stripped scenario and ``persona``. The official prompts are
+``"{scenario} The emotion in this sentence is"`` for the trees (the default; an empty row gives
+``" The emotion in this sentence is"`` as there) and ``"{scenario}\\n<persona prefix>I think the emotion involved in
+this situation is"`` for recognition, with the prefixes of ``data/personas.json`` (``"As a woman, "``, ...;
+``""`` for the neutral persona): ``"{scenario}\\nAs a {persona}, I think the emotion involved in this situation
+is"`` with ``persona: woman`` writes the same prompt. The tokenizer comes from ``tokenizer_path`` (a local
+transformers folder; nothing is downloaded). Files are for probing only: there is no training split.
 
 Batches: training ``input_tokens`` [B, L] right-padded ``BOS sentence EOS`` and ``loss_mask`` (``loss_on: all``:
 every token after BOS, plain language modelling; ``label``: the label and EOS only), the interface of
@@ -36,6 +46,7 @@ every token after BOS, plain language modelling; ``label``: the label and EOS on
 """
 from __future__ import annotations
 
+import json
 import os
 from typing import Literal
 
@@ -117,29 +128,83 @@ class WordTokenizer:
 
 
 def read_scenarios(path: str, words: list[str]) -> list[tuple[str, int]]:
-    """``(scenario, label index or -1)`` per non-blank line of ``path`` (``scenario[TAB label]``)."""
+    """``(scenario, label index or -1)`` per record of ``path``, in file order, read as the official code reads it.
+
+    * ``*.jsonl``: one JSON object per line with the scenario in ``text`` and its emotion in ``label`` (the
+      official ``data/recognition_scenarios.jsonl``); blank lines are skipped and ``text`` is stripped, as in
+      ``emotion_hierarchy/scoring.py::read_scenarios`` of github.com/phys-ai/Emotion-Hierarchy-LLMs. A record
+      without ``label`` (or ``null``) is unlabelled.
+    * any other name: one scenario per line, optionally followed by a TAB and its label. Every physical line is
+      a record, an empty one too (it becomes the prompt with an empty scenario), as
+      ``scoring.py::read_lines`` keeps the 3 empty rows of the official ``data/hierarchy_prompts.txt`` so that its
+      5,000 rows are all scored.
+
+    A label must be one of ``words`` (case-insensitive); anything else is a `UserInputError` naming the line.
+    """
     if not os.path.isfile(path):
         raise UserInputError(f"scenario_file '{path}' does not exist: give a text file with one scenario per line "
-                             "(optionally followed by a TAB and its emotion label).")
+                             "(optionally followed by a TAB and its emotion label), or a .jsonl file of "
+                             '{"text": ..., "label": ...} records.')
     index = {w: i for i, w in enumerate(words)}
-    rows = []
+    reader = _read_scenario_jsonl if path.lower().endswith(".jsonl") else _read_scenario_lines
     with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            line = line.rstrip("\n").rstrip("\r")
-            if not line.strip():
-                continue
-            text, _, label = line.partition("\t")
-            if not text.strip():
-                raise UserInputError(f"{path}, line {number}: the scenario text before the TAB is empty.")
-            label = label.strip().lower()
-            if label and label not in index:
-                raise UserInputError(f"{path}, line {number}: label {label!r} is not one of the "
-                                     f"{len(words)} emotion words (e.g. {', '.join(words[:4])}, ...); fix the "
-                                     "label or drop it (unlabelled lines still build the tree).")
-            rows.append((text.strip(), index[label] if label else -1))
-    if not rows:
+        rows = reader(f, path, index, words)
+    if not any(text for text, _ in rows):
         raise UserInputError(f"scenario_file '{path}' holds no scenario (it is empty or blank): write one scenario "
                              "per line.")
+    return rows
+
+
+def _label_index(label: str, path: str, number: int, index: dict[str, int], words: list[str]) -> int:
+    label = label.strip().lower()
+    if not label:
+        return -1
+    if label not in index:
+        raise UserInputError(f"{path}, line {number}: label {label!r} is not one of the {len(words)} emotion words "
+                             f"(e.g. {', '.join(words[:4])}, ...); fix the label or drop it (unlabelled scenarios "
+                             "still build the tree).")
+    return index[label]
+
+
+def _read_scenario_lines(lines, path: str, index: dict[str, int], words: list[str]) -> list[tuple[str, int]]:
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        line = line.rstrip("\r\n")
+        text, _, label = line.partition("\t")
+        if text.lstrip().startswith("{"):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                record = None
+            if isinstance(record, dict):
+                raise UserInputError(f"{path}, line {number} is a JSON record, not a scenario: a file of "
+                                     '{"text": ..., "label": ...} lines (like the official '
+                                     "recognition_scenarios.jsonl) must be named *.jsonl to be read as JSON lines.")
+        if label.strip() and not text.strip():
+            raise UserInputError(f"{path}, line {number}: the scenario text before the TAB is empty.")
+        rows.append((text.strip(), _label_index(label, path, number, index, words)))
+    return rows
+
+
+def _read_scenario_jsonl(lines, path: str, index: dict[str, int], words: list[str]) -> list[tuple[str, int]]:
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise UserInputError(f"{path}, line {number}: not valid JSON ({err.msg} at column {err.colno}); write "
+                                 'one {"text": ..., "label": ...} object per line.') from None
+        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+            raise UserInputError(f"{path}, line {number}: expected a JSON object with a string field 'text' (the "
+                                 "scenario) and optionally 'label' (its emotion word), got "
+                                 f"{line.strip()[:60]!r}.")
+        label = record.get("label")
+        if label is not None and not isinstance(label, str):
+            raise UserInputError(f"{path}, line {number}: 'label' must be an emotion word (a string) or null, got "
+                                 f"{label!r}.")
+        rows.append((record["text"].strip(), _label_index(label or "", path, number, index, words)))
     return rows
 
 

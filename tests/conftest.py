@@ -21,11 +21,15 @@ os.environ["WANDB_MODE"] = "disabled"  # tests never create W&B runs
 torch.set_num_threads(1)  # 2-core machines: parallel multi-threaded torch processes slow each other down
 
 import train  # noqa: E402  (after the path and environment set-up above)
+from icml26 import registry  # noqa: E402
 from lightning.pytorch import Callback, LightningModule  # noqa: E402
 
 QUICK_CONFIGS = sorted(str(p.relative_to(REPO)) for p in REPO.glob("configs/*/*quick.yaml"))
 PAPER_CONFIGS = sorted(str(p.relative_to(REPO)) for p in REPO.glob("configs/*/*paper.yaml"))
 SWEEP_FILES = sorted(str(p.relative_to(REPO)) for p in REPO.glob("configs/sweeps/*.yaml"))
+# the paper registry: one name per configs/<paper>/card.yaml (names only, so one broken card fails only its own
+# tests); `registry.card(name)` reads and validates a card
+PAPERS = registry.paper_names(REPO)
 
 
 
