@@ -29,7 +29,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI  # noqa:
 from callbacks.progress import default_progress_bar  # noqa: E402
 from icml26 import checkpoints  # noqa: E402
 from icml26.collection import __version__, import_collection, quiet_lightning_chatter, resolve_config_paths  # noqa
-from icml26.commands import COMMANDS, run_command  # noqa: E402
+from icml26.commands import COMMANDS, overview, run_command  # noqa: E402
 from icml26.parse_errors import CollectionArgumentParser, explain_run_error, find_user_error  # noqa: E402
 from icml26.run_config import RunConfigSaver  # noqa: E402
 
@@ -122,11 +122,16 @@ def console_main() -> None:
     """``python train.py ...`` and the ``icml26`` console script: a collection command (`icml26.commands`) or the
     CLI; a user-input failure ends with one ``error:`` line and exit status 2."""
     program = "icml26" if Path(sys.argv[0]).stem == "icml26" else "python train.py"
+    top_level_help = sys.argv[1:] in (["-h"], ["--help"])
     try:
         if len(sys.argv) > 1 and sys.argv[1] in COMMANDS:
             sys.exit(run_command(sys.argv[1], sys.argv[2:]))
         sys.argv[1:] = resolve_config_paths(sys.argv[1:])
         main()
+    except SystemExit:
+        if top_level_help:
+            print(overview())
+        raise
     except ValueError as err:  # UserInputError, and Lightning's refusals of a config value
         explained = explain_run_error(err, sys.argv[1:], program)
         if explained is None:

@@ -23,3 +23,18 @@ def run_command(name: str, argv: list[str]) -> int:
     target, _ = COMMANDS[name]
     module_name, function_name = target.split(":")
     return int(getattr(importlib.import_module(module_name), function_name)(argv) or 0)
+
+
+def overview() -> str:
+    """What ``icml26 --help`` adds after LightningCLI's usage: the collection's commands and every paper's quick
+    config."""
+    from icml26 import registry
+
+    lines = ["", "collection commands:"]
+    lines += [f"  {name:<11} {text}" for name, (_, text) in COMMANDS.items()]
+    lines += ["", "papers (icml26 papers NAME shows one; first run: icml26 fit --config <quick config>):"]
+    for paper in registry.papers():
+        quick = registry.quick_config(paper)
+        before = registry.prerequisites(quick) if quick else []
+        lines.append(f"  {paper['name']:<18} {quick or '-'}" + (f"  (after {', '.join(before)})" if before else ""))
+    return "\n".join(lines)

@@ -127,3 +127,15 @@ def test_collection_commands_are_dispatched_before_the_lightning_cli():
     result = subprocess.run([sys.executable, "train.py", "--help"], cwd=REPO, capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0 and "fit" in result.stdout
+    overview = result.stdout.split("collection commands:")[1]
+    assert all(f"  {name} " in overview for name in commands.COMMANDS)
+    papers = overview.split("papers (")[1].splitlines()[1:]
+    assert len(papers) == 19 and all("configs/" in line for line in papers)
+    assert "configs/pclm/quick.yaml  (after configs/pclm/pretrain_quick.yaml" in overview
+
+
+def test_a_collection_command_that_fails_on_input_prints_one_line():
+    result = subprocess.run([sys.executable, "train.py", "sweep", "configs/sweeps/nope.yaml"], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and result.stderr.strip().startswith("error: sweep file")
+    assert len(result.stderr.strip().splitlines()) == 1
