@@ -9,9 +9,14 @@ Two ways to start from a checkpoint, and they mean different things:
   checkpoint's saved hyper-parameters win over the YAML. ``train.py`` refuses a checkpoint written by another
   LightningModule (or, for ``fit``, datamodule) class and warns about every configured model value it replaces.
 * ``--model.init_args.init_from run.ckpt`` (this module) is *fine-tuning with a new config*: only the
-  weights whose name and shape match the new model are copied, in ``setup("fit")``; everything else
-  (optimiser, schedule, epoch counter, hyper-parameters) comes from the new config. What was skipped is
-  logged, and nothing is skipped silently: a checkpoint that matches no parameter at all is an error.
+  weights whose name and shape match the new model are copied, in ``setup`` of whichever stage comes first
+  (fit, validate, test or predict: ``train.py test --model.init_args.init_from run.ckpt`` scores those weights);
+  everything else (optimiser, schedule, epoch counter, hyper-parameters) comes from the new config. What was
+  skipped is logged, and nothing is skipped silently: a checkpoint that matches no parameter at all is an error,
+  and so is a path that does not exist. It is loaded once per module instance: ``trainer.fit`` then
+  ``trainer.test`` on the same module tests the trained weights. Weights that come from elsewhere win over it
+  and it is then not loaded at all: a checkpoint the Trainer call restores (``--ckpt_path``), the checkpoint a
+  module was built from (``load_from_checkpoint``) or an explicit ``load_state_dict``.
 
 Checkpoints are read with ``torch.load(weights_only=True)`` so that an untrusted file cannot execute
 pickled code. A checkpoint that needs full unpickling (it stores arbitrary Python objects) is refused with
@@ -19,6 +24,7 @@ a message; set ``init_from_trusted: true`` only for files you trust.
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import pickle
@@ -28,7 +34,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch
-from lightning.pytorch import LightningModule
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torchmetrics import Metric
 
@@ -106,7 +112,8 @@ class PaperModule(LightningModule):
     Args:
         optimizer: optimiser factory, called with the trainable parameters (injected by LightningCLI).
         lr_scheduler: optional scheduler factory, called with the optimiser; stepped every optimiser step.
-        init_from: checkpoint to fine-tune from (weights matched by name and shape, loaded in ``setup``).
+        init_from: checkpoint to start from (weights matched by name and shape, loaded once, in the first
+            ``setup`` of any stage; skipped when the weights come from a restored checkpoint).
         init_from_trusted: allow full unpickling of ``init_from`` (only for files you trust).
     """
 
@@ -119,6 +126,8 @@ class PaperModule(LightningModule):
         self.init_from = init_from
         self.init_from_trusted = init_from_trusted
         self.init_from_report: dict[str, list[str]] | None = None
+        # True once init_from no longer applies: loaded, or the weights came from a checkpoint / load_state_dict
+        self._init_from_settled = False
 
     @property
     def attached_datamodule(self):
@@ -153,13 +162,42 @@ class PaperModule(LightningModule):
     # ----------------------------------------------------------------------------- fine-tuning
     def setup(self, stage: str) -> None:
         self.unshare_metric_states()
-        if stage != "fit" or self.init_from is None or self.init_from_report is not None:
+        self.apply_init_from()
+
+    def apply_init_from(self) -> None:
+        """Load ``init_from`` unless it is settled (called by `setup` in every stage: the first one loads it).
+
+        Settled means: already loaded into this instance (a later ``trainer.test`` after ``trainer.fit`` keeps the
+        trained weights), or the weights come from elsewhere, which wins: the checkpoint the running Trainer call
+        restores right after ``setup`` (``--ckpt_path``, exact resume), ``load_from_checkpoint`` or an explicit
+        ``load_state_dict``. A missing or unreadable file is a `UserInputError` naming the path."""
+        if self.init_from is None or self.init_from_settled:
             return
-        if self._trainer is not None and self.trainer.ckpt_path:
-            log.info("init_from=%s ignored: resuming exactly from --ckpt_path %s", self.init_from,
-                     self.trainer.ckpt_path)
+        restoring = self.checkpoint_being_restored()
+        if restoring:
+            log.info("init_from=%s ignored: the weights come from --ckpt_path %s", self.init_from, restoring)
+            self._init_from_settled = True
             return
         self.load_initial_weights()
+        self._init_from_settled = True
+
+    @property
+    def init_from_settled(self) -> bool:
+        """Whether ``init_from`` no longer applies to this instance (see `apply_init_from`)."""
+        return self._init_from_settled or self.init_from_report is not None
+
+    def checkpoint_being_restored(self) -> str | None:
+        """The checkpoint (``ckpt_path``) that the running ``fit`` / ``validate`` / ``test`` / ``predict`` call
+        restores into this module, else None. Lightning restores it right after ``setup`` and records it on the
+        trainer only then (during ``setup``, ``trainer.ckpt_path`` still names the previous call's checkpoint), so
+        the path is read from that call."""
+        return _running_ckpt_path(self._trainer) if self._trainer is not None else None
+
+    def load_state_dict(self, state_dict, *args, **kwargs):
+        """`torch.nn.Module.load_state_dict`; weights loaded this way (a checkpoint restore, ``load_from_checkpoint``,
+        the weights a ``ddp_spawn`` run sends back) win over ``init_from``, which is then not loaded."""
+        self._init_from_settled = True
+        return super().load_state_dict(state_dict, *args, **kwargs)
 
     def unshare_metric_states(self) -> None:
         """Give every torchmetrics state of this module memory of its own process (called by `setup`).
@@ -175,10 +213,12 @@ class PaperModule(LightningModule):
                 module.reset()
 
     def load_initial_weights(self) -> dict[str, list[str]]:
-        """Load `init_from` now (also usable outside a Trainer); returns and logs the match report."""
+        """Load `init_from` now (also usable outside a Trainer, where `setup` then leaves it alone); returns and logs
+        the match report."""
         payload = read_checkpoint(self.init_from, trusted=self.init_from_trusted, what="init_from")
         report = load_matching_weights(self, payload["state_dict"], source=f"init_from '{self.init_from}'")
         self.init_from_report = report
+        self._init_from_settled = True
         skipped = report["shape_mismatch"] + report["not_in_model"]
         fresh = len(self.state_dict()) - len(report["loaded"])
         log.warning("init_from %s: loaded %d tensors; skipped %d checkpoint tensors (%s); %d model tensors keep "
@@ -228,7 +268,8 @@ class PaperModule(LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Restore the RNG states when a fit resumes (``--ckpt_path``); ``load_from_checkpoint``, validate and
-        test leave the caller's random streams alone."""
+        test leave the caller's random streams alone. The checkpoint's weights win over ``init_from``."""
+        self._init_from_settled = True
         if RNG_STATES_KEY in checkpoint and self._trainer is not None and self.trainer.state.fn == "fit":
             restore_rng_states(checkpoint[RNG_STATES_KEY])
 
@@ -243,6 +284,21 @@ def _build_from_config(factory, argument, key: str, example: str = ""):
     except (ValueError, TypeError) as err:
         raise UserInputError(f"the {key} could not be built from the config: {type(err).__name__}: {one_line(err)}. "
                              f"Fix the value under model.init_args.{key}.init_args{example}.") from None
+
+
+def _running_ckpt_path(trainer: Trainer) -> str | None:
+    """The ``ckpt_path`` argument of ``trainer``'s running ``Trainer._run`` (fit/validate/test/predict resolve
+    "last"/"best" before it), or None outside a run."""
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            if frame.f_code is Trainer._run.__code__ and frame.f_locals.get("self") is trainer:
+                path = frame.f_locals.get("ckpt_path")
+                return str(path) if path else None
+            frame = frame.f_back
+        return None
+    finally:
+        del frame
 
 
 RNG_STATES_KEY = "rng_states"

@@ -245,7 +245,8 @@ class CEM(PaperModule):
             sizes["input_dim"] = hp.input_dim
         self.check_data_matches(ConceptData, sizes, "model.{name}={model} but the data has {name}={data}: set "
                                                     "model.init_args.{name}: {data}.")
-        if stage == "fit" and hp.backbone_weights and not self._backbone_loaded and not self.trainer.ckpt_path:
+        restoring = self.checkpoint_being_restored()  # an exact resume restores the backbone after setup
+        if stage == "fit" and hp.backbone_weights and not self._backbone_loaded and not restoring:
             state = read_checkpoint(hp.backbone_weights, what="backbone_weights")["state_dict"]
             load_matching_weights(self.extractor, state, source=f"backbone_weights '{hp.backbone_weights}'")
             self._backbone_loaded = True

@@ -343,7 +343,7 @@ class CoupledDiffusion(PaperModule):
         if stage == "fit" and mean is not None:
             self.set_pixel_statistics(mean, self.data_value(PixelStatisticsData, "std"))
         super().setup(stage)  # init_from: the classifier checkpoint
-        resuming = self._trainer is not None and bool(self.trainer.ckpt_path)
+        resuming = bool(self.checkpoint_being_restored())
         if stage == "fit" and not self.classifier_loaded and not resuming:
             raise UserInputError(
                 "coupled diffusion needs a pretrained frozen classifier, but none was loaded: set "

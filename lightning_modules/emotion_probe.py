@@ -308,9 +308,7 @@ class EmotionProbe(PaperModule):
 
     # ------------------------------------------------------------------ set-up
     def setup(self, stage: str) -> None:
-        super().setup(stage)
-        if stage in ("test", "predict") and self.init_from is not None and self.init_from_report is None:
-            self.load_initial_weights()
+        super().setup(stage)  # init_from, in test and predict as in every stage
         data = self.attached_data(EmotionWordData)
         if data is None:
             raise UserInputError("EmotionProbe needs an emotion datamodule (EmotionCorpusDataModule): it supplies "

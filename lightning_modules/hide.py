@@ -152,8 +152,8 @@ class HiDe(PaperModule):
         self.no_zoom = nn.ModuleDict({stage: MeanMetric() for stage in ("val", "test")})
 
     def setup(self, stage: str) -> None:
-        super().setup(stage)
-        self.check_backbone()
+        self.check_backbone()  # first: the Qwen backbone's weights exist only once it is loaded
+        super().setup(stage)  # init_from (a ToyMLLM checkpoint), in every stage: test/predict score those weights
 
     def check_backbone(self) -> None:
         """Load the backbone (Qwen: from its folder) and check ``select_layer`` against its depth."""

@@ -146,7 +146,7 @@ class ClassUnlearning(ImageClassifier):
             raise UserInputError(f"model.forget_class={self.forget_class} but data.forget_class={data_forget}: "
                                  "set both to the class you want to unlearn.")
         reference_from = self.hparams.reference_from
-        if reference_from is not None and stage in ("fit", "validate") and not self.trainer.ckpt_path:
+        if reference_from is not None and stage in ("fit", "validate") and not self.checkpoint_being_restored():
             payload = read_checkpoint(reference_from, what="reference_from")
             state = {k[len("net."):]: v for k, v in payload["state_dict"].items() if k.startswith("net.")}
             report = load_matching_weights(self.reference, state, source=f"reference_from '{reference_from}'")
@@ -154,7 +154,7 @@ class ClassUnlearning(ImageClassifier):
                 problems = report["shape_mismatch"][:2] or report["not_in_checkpoint"][:2]
                 raise UserInputError(f"reference_from '{reference_from}' is not a classifier with this "
                                      f"architecture ({problems}).")
-        if stage == "fit" and self.hparams.method == "trew" and not self.trainer.ckpt_path:
+        if stage == "fit" and self.hparams.method == "trew" and not self.checkpoint_being_restored():
             if self.init_from is None:
                 raise UserInputError("TREW unlearns a trained model: set model.init_args.init_from to the "
                                      "original classifier's checkpoint (train it with "
