@@ -2,8 +2,9 @@
 asserts an answer: the data family of VoxParadox (Pang, Chaubey & Soleymani, "Do Audio LLMs Listen or Read?
 Analyzing and Mitigating Paralinguistic Failures with VoxParadox", arXiv 2605.27772).
 
-Embedded default: speech synthesised offline with espeak-ng (a system package; ``apt-get install espeak-ng``).
-Every clip has all four attributes, drawn uniformly and forced by espeak-ng controls:
+Embedded default: speech synthesised offline with espeak-ng, called in-process from the ``espeakng-loader`` wheel
+(`datamodules.espeak`; the system ``espeak-ng`` binary only where that wheel is absent). Every clip has all four
+attributes, drawn uniformly and forced by espeak-ng controls (command-line spelling):
 
 * pitch: ``-p 20`` (low) / ``-p 80`` (high); speed: ``-s 110`` (slow) / ``-s 230`` words per minute (fast);
 * gender: voice variant ``en-us+m3`` (male) / ``en-us+f3`` (female); volume: amplitude ``-a 25`` (quiet) /
@@ -16,8 +17,10 @@ mostly *congruent* (the sentence asserts the true value; ``congruent_fraction``)
 asserts the other value, as in VoxParadox (paper Sec. 3), so ``adv_label`` (the transcript's answer) never equals
 ``label`` (the acoustic truth). Options are the task's two values plus two values of other tasks, shuffled.
 Generation is deterministic from ``seed``; every clip is synthesised once (espeak-ng's 22,050 Hz output resampled
-to 16 kHz with a polyphase filter) and cached as ``.npy`` under ``cache_dir`` keyed by the espeak-ng version and the
-clip's parameters, so different seeds share clips.
+to 16 kHz with a polyphase filter) and cached as ``.npy`` under ``cache_dir`` keyed by the espeak-ng version, the
+four controls and the text (not by back-end), so different seeds share clips. Different espeak-ng versions give
+different samples (the wheel's 1.52.0 against Debian 12's 1.51: see `datamodules.espeak`), so results are
+bit-identical only at the same version.
 
 Each example also carries ``content`` (the sentence id, 50 classes): the content-only pre-training target of the
 encoder (`lightning_modules.audio_language_model.SpeechContentPretraining`) and ``attributes`` (the four values,
@@ -68,9 +71,6 @@ import functools
 import hashlib
 import json
 import os
-import shutil
-import subprocess
-import tempfile
 import wave
 from typing import Literal
 
@@ -79,6 +79,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
+from datamodules import espeak
 from datamodules.sampling import evaluation_sampler, training_sampler
 from lightning_modules.errors import UserInputError, check_range
 
@@ -126,21 +127,6 @@ NUM_OPTIONS = 4
 
 
 # ============================================================================================ synthesis
-def espeak_binary() -> str | None:
-    """Path of espeak-ng (or espeak), None when neither is installed."""
-    return shutil.which("espeak-ng") or shutil.which("espeak")
-
-
-_VERSIONS: dict[str, str] = {}
-
-
-def _espeak_version(binary: str) -> str:
-    if binary not in _VERSIONS:
-        out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False)
-        _VERSIONS[binary] = out.stdout.split("Data at")[0].strip()
-    return _VERSIONS[binary]
-
-
 def default_cache_dir() -> str:
     return os.environ.get("ICML26_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "icml26",
                                                        "paralinguistic_speech"))
@@ -170,31 +156,28 @@ def read_wav(path: str, where: str = "") -> np.ndarray:
 
 
 def synthesise(text: str, pitch: str, speed: str, gender: str, volume: str, cache_dir: str) -> np.ndarray:
-    """One espeak-ng clip at 16 kHz (float32), cached under ``cache_dir`` by version and parameters."""
-    binary = espeak_binary()
-    if binary is None:
-        raise UserInputError("espeak-ng is not installed, so the embedded speech cannot be synthesised. Install it "
-                             "(`apt-get install espeak-ng`, `brew install espeak-ng`) or give data_dir.")
-    controls = [f"-ven-us+{ESPEAK_CONTROLS['gender'][gender]}", f"-p{ESPEAK_CONTROLS['pitch'][pitch]}",
-                f"-s{ESPEAK_CONTROLS['speed'][speed]}", f"-a{ESPEAK_CONTROLS['volume'][volume]}"]
-    key = hashlib.sha1("|".join([_espeak_version(binary), *controls, text]).encode()).hexdigest()
+    """One espeak-ng clip at 16 kHz (float32), cached under ``cache_dir`` by espeak-ng version and parameters."""
+    if espeak.backend() is None:
+        raise UserInputError("espeak-ng is not available, so the embedded speech cannot be synthesised. Install the "
+                             "espeakng-loader wheel (`pip install espeakng-loader`, one of this package's "
+                             "requirements) or give data_dir.")
+    voice, rate = f"en-us+{ESPEAK_CONTROLS['gender'][gender]}", ESPEAK_CONTROLS["speed"][speed]
+    pitch_value, amplitude = ESPEAK_CONTROLS["pitch"][pitch], ESPEAK_CONTROLS["volume"][volume]
+    # the key names the version, the command-line controls and the text, never the back-end (at one version both
+    # back-ends give the same samples)
+    controls = [f"-v{voice}", f"-p{pitch_value}", f"-s{rate}", f"-a{amplitude}"]
+    key = hashlib.sha1("|".join([f"espeak-ng {espeak.version()}", *controls, text]).encode()).hexdigest()
     path = os.path.join(cache_dir, f"{key}.npy")
     if os.path.isfile(path):
         return np.load(path)
     os.makedirs(cache_dir, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        raw = os.path.join(tmp, "clip.wav")
-        subprocess.run([binary, *controls, "-w", raw, text], check=True, capture_output=True)
-        with wave.open(raw, "rb") as handle:
-            rate = handle.getframerate()
-            audio = np.frombuffer(handle.readframes(handle.getnframes()), dtype=np.int16).astype(np.float32)
-    audio /= 32768.0
-    if rate != SAMPLE_RATE:
+    audio, rate_hz = espeak.speak(text, voice=voice, rate=rate, pitch=pitch_value, amplitude=amplitude)
+    if rate_hz != SAMPLE_RATE:
         from math import gcd
 
         from scipy.signal import resample_poly
-        g = gcd(SAMPLE_RATE, rate)
-        audio = resample_poly(audio, SAMPLE_RATE // g, rate // g).astype(np.float32)
+        g = gcd(SAMPLE_RATE, rate_hz)
+        audio = resample_poly(audio, SAMPLE_RATE // g, rate_hz // g).astype(np.float32)
     partial = f"{path}.{os.getpid()}.tmp.npy"
     np.save(partial, audio)
     os.replace(partial, path)  # atomic: concurrent runs never read half a file
@@ -561,4 +544,4 @@ class ParalinguisticSpeechDataModule(LightningDataModule):
 
 __all__ = ["ParalinguisticSpeechDataModule", "SpokenQuestions", "collate_spoken_questions", "read_wav",
            "QuestionTokenizer", "WordVocabulary", "render_question",
-           "read_question_file", "synthesise", "espeak_binary", "generate_items", "TASKS", "VALUES", "SENTENCES"]
+           "read_question_file", "synthesise", "generate_items", "TASKS", "VALUES", "SENTENCES"]

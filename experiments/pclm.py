@@ -5,8 +5,8 @@ Paper: "Do Audio LLMs Listen or Read? Analyzing and Mitigating Paralinguistic Fa
 the transcript (high ALA on adversarial items); prompt-conditioned layer mixing (PCLM) raises Acc_GT and weights
 shallow layers for pitch and speed; DPO lowers ALA further.
 
-Protocol (CPU, embedded data: `datamodules.paralinguistic_speech`, tasks pitch, speed, gender, volume; needs
-espeak-ng):
+Protocol (CPU, embedded data: `datamodules.paralinguistic_speech`, tasks pitch, speed, gender, volume; speech
+from espeak-ng, installed with pip):
 
 0. **Encoder pre-training, once** (``configs/pclm/pretrain_quick.yaml`` at ``--pretrain-steps``; its own data
    seed): classify the sentence with pitch/speed/voice/volume drawn at random, so that the deep layers become
@@ -45,7 +45,7 @@ import time
 import numpy as np
 
 from callbacks.layer_probing import LayerProbing
-from datamodules.paralinguistic_speech import espeak_binary
+from datamodules import espeak
 from experiments import kit
 from lightning_modules.errors import UserInputError
 
@@ -176,9 +176,9 @@ def main(argv: list[str] | None = None) -> dict:
     if args.smoke:
         args.train, args.val, args.test, args.batch_size = 32, 16, 16, 16
         args.pretrain_steps, args.sft_steps, args.stage_steps, args.dpo_steps, args.probe_examples = 2, 2, 1, 1, 16
-    if espeak_binary() is None:
-        raise UserInputError("experiments.pclm synthesises its speech with espeak-ng, which is not installed: "
-                             "apt-get install espeak-ng (or brew install espeak-ng).")
+    if espeak.backend() is None:
+        raise UserInputError("experiments.pclm synthesises its speech with espeak-ng, which is not available: "
+                             "`pip install espeakng-loader` (one of this package's requirements).")
     kit.quiet_single_thread()
     for name in ("lightning_modules", "callbacks"):
         logging.getLogger(name).setLevel(logging.ERROR)

@@ -15,16 +15,13 @@ import torch
 
 from conftest import config_path, run_cli
 from datamodules.paralinguistic_speech import (ParalinguisticSpeechDataModule, collate_spoken_questions,
-                                               espeak_binary, generate_items, read_question_file, read_wav,
-                                               synthesise)
+                                               generate_items, read_question_file, read_wav, synthesise)
 from lightning_modules.audio_dpo import AudioDPO, dpo_loss, pick_negatives
 from lightning_modules.audio_language_model import (AudioLanguageModel, HFLanguageModel, HFWhisperEncoder,
                                                     MixingWeights, OptionAgreement, SpeechEncoder, TinyAudioLM,
                                                     masked_pool)
 from lightning_modules.errors import UserInputError
 
-needs_espeak = pytest.mark.skipif(espeak_binary() is None, reason="espeak-ng is not installed (apt-get install "
-                                  "espeak-ng; .ci/run installs it when absent)")
 QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 
 
@@ -272,7 +269,6 @@ def test_generated_questions_are_deterministic_and_the_test_split_is_adversarial
     assert {r["task"] for r in adversarial} == {"pitch", "speed"}
 
 
-@needs_espeak
 def test_synthesis_is_cached_deterministic_and_controls_the_acoustics(tmp_path):
     slow = synthesise("i am talking really fast right now", "low", "slow", "male", "quiet", str(tmp_path))
     assert len(os.listdir(tmp_path)) == 1
@@ -312,7 +308,6 @@ def test_layer_probes_find_the_attribute_where_it_is_and_not_where_it_is_not():
 
 
 # ============================================================================================ the CLI chain
-@needs_espeak
 @pytest.mark.slow
 def test_the_cli_chain_pretrain_sft_pclm_dpo_runs_from_checkpoints(tmp_path):
     small = ["--data.init_args.num_train=32", "--data.init_args.num_val=16", "--data.init_args.num_test=16",
