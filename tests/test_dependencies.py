@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("lightning_modules", "datamodules", "callbacks", "experiments")
+PACKAGES = ("lightning_modules", "datamodules", "callbacks", "experiments", "icml26")
 LOCAL = {"train", *PACKAGES}
 # Optional packages the collection uses when present and never declares (each import is guarded).
 UNDECLARED_OPTIONAL = {"recbole": "experiments/recbole_parity.py compares against it when installed",
