@@ -7,8 +7,11 @@ reference method, the variables by role and a reference effect. Here a query is 
 
     {"name", "source" ("synthetic" | "real" | "benchmark"), "design", "query", "description", "method"
      (closed label), "effect" (reference), "roles" {treatment, outcome, controls, instrument, running, cutoff,
-     time, group, mediator}, "data" (pandas DataFrame), "columns", "reference" (how the effect was obtained),
-     "features" (float32 tensor of `query_features`)}
+     time, group, mediator, interaction, treatment_arm}, "data" (pandas DataFrame), "columns" (the data file's),
+     "reference" (how the effect was obtained), "features" (float32 tensor of `query_features`)}
+
+and, for benchmark queries, "id", "derived_columns" (design columns built from formula terms, in "data" but not
+in "columns"), "data_file", "std_error", "is_rct", "is_multirct".
 
 Sources (``test_source`` of `CausalQueryDataModule`; training and validation queries are always synthetic):
 
@@ -23,11 +26,19 @@ Sources (``test_source`` of `CausalQueryDataModule`; training and validation que
 * ``real``: `REAL_QUERIES`, queries of the benchmark (or textbook analyses of the same data) re-derived from
   ``causaldata`` datasets; the reference effect is recomputed by the reference method at load time (the
   benchmark's own value and why ours may differ are in each entry's ``reference`` text).
-* ``benchmark``: the benchmark's query file in ``data_dir`` (``queries_file``: its JSON layout, e.g.
-  ``data/json/real_data.json`` with bare ``NaN`` for missing fields, or the CSV layout of
-  ``data/synthetic_info.csv``) and the data files it names (looked up under ``data_dir`` by path, then by file
-  name). The benchmark has no cutoff field: a sharp RDD's cutoff is inferred from the treatment column (the
-  smallest running value on the treated side), else 0; a ``cutoff`` field wins when present.
+* ``benchmark``: the benchmark's query file in ``data_dir`` (``queries_file``) and the data files it names, read
+  query by query by `load_benchmark` (layouts of github.com/causalNLP/CauSciBench: v2
+  ``data/metadata_csv/*_input.csv`` and ``data/metadata_json/*_input.json``, v1 ``data/json/*.json`` written by
+  its ``create_json.py`` with bare ``NaN`` for missing fields, and v1 ``data/*_info.csv``). A query that cannot be
+  loaded (missing data file, a variable that is not a column, unknown method label, ...) is skipped with its
+  reason (``skipped_queries`` and one warning); no loadable query at all is an error. Variable names are
+  stripped; the release's formula expressions (``age^2``, ``I(age**2)``, ``np.log(x)``, ``C(state)``,
+  ``a x b``, ``y = re78 - re75``) become design columns evaluated by formulaic on the data file (text controls
+  and instruments become category dummies, as a formula would make them). ``interaction_var`` and
+  ``multirct_treatment`` are kept as the roles ``interaction`` and ``treatment_arm`` (their use by each estimator
+  is in `lightning_modules.causal_estimators`). The release has no RDD cutoff field: a ``cutoff`` field is read
+  when present, else the cutoff is inferred with a warning (the round number between the two sides of a sharp
+  0/1 treatment, e.g. 0 or 50 rather than the first treated value; else 0).
 
 Method labels are normalised to the closed set of `METHOD_LABELS` (the same set as
 `lightning_modules.causal_estimators.METHODS`; a test keeps them equal); an unknown label is an error.
@@ -42,6 +53,7 @@ here); the estimators live in `lightning_modules/causal_estimators.py`.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 import zlib
@@ -55,12 +67,14 @@ from torch.utils.data import DataLoader, TensorDataset
 from datamodules.sampling import evaluation_sampler, training_sampler
 from lightning_modules.causal_methods import METHODS as METHOD_LABELS, SYNONYMS as _SYNONYMS  # noqa: F401
 from lightning_modules.causal_methods import normalise_method
-from lightning_modules.errors import UserInputError
+from lightning_modules.errors import UserInputError, one_line
 
 DESIGNS = ("rct", "observational", "iv", "iv_encouragement", "rdd", "did_canonical", "did_twfe", "frontdoor")
 DESIGN_METHOD = {"rct": "ols", "observational": "matching", "iv": "iv", "iv_encouragement": "iv", "rdd": "rdd",
                  "did_canonical": "did", "did_twfe": "did", "frontdoor": "frontdoor"}
-ROLE_KEYS = ("treatment", "outcome", "controls", "instrument", "running", "cutoff", "time", "group", "mediator")
+ROLE_KEYS = ("treatment", "outcome", "controls", "instrument", "running", "cutoff", "time", "group", "mediator",
+             "interaction", "treatment_arm")
+COLUMN_ROLES = ("treatment", "outcome", "instrument", "running", "time", "group", "mediator", "interaction")
 
 
 def _roles(**given) -> dict:
@@ -380,7 +394,7 @@ def real_query(name: str) -> dict:
     effect = REFERENCE_EFFECTS[name]
     frame = loader()
     roles = _roles(**given)
-    missing = [c for c in [roles[k] for k in ROLE_KEYS if k not in ("controls", "cutoff")] + roles["controls"]
+    missing = [c for c in [roles[k] for k in COLUMN_ROLES] + roles["controls"]
                if c is not None and c not in frame.columns]
     if missing:  # a causaldata release that renamed columns
         raise UserInputError(f"real query {name}: columns {missing} are missing from its causaldata dataset; "
@@ -391,12 +405,51 @@ def real_query(name: str) -> dict:
 
 
 # ============================================================================================ benchmark files
+log = logging.getLogger(__name__)
+
+# the query files' field names, newest first: v2 metadata_json / v1 data/json (create_json.py) use treatment_var,
+# control_variables, dataset_path, effect; v2 metadata_csv/*_input.csv and v1 *_info.csv use treatment, controls
+# (v1: control_variables), dataset_name (v1: data_files), answer; v1 real_info.csv spells interacting_var
+FIELDS = {"id": ("id",), "name": ("name", "paper_name"), "query": ("query", "natural_language_query"),
+          "description": ("dataset_description", "data_description"),
+          "data": ("dataset_path", "dataset_name", "data_files"), "method": ("method",),
+          "effect": ("effect", "answer"), "std_error": ("std_error",), "treatment": ("treatment_var", "treatment"),
+          "outcome": ("outcome_var", "outcome"), "controls": ("control_variables", "controls"),
+          "instrument": ("instrument_var",), "running": ("running_var",), "time": ("temporal_var",),
+          "group": ("state_var",), "mediator": ("mediator",), "interaction": ("interaction_var", "interacting_var"),
+          "treatment_arm": ("multirct_treatment",), "cutoff": ("cutoff",), "is_rct": ("is_rct",),
+          "is_multirct": ("is_multirct",)}
+# the split folders of the data files (v2 data/csv_files/<split>/, v1 data/<split>/), by the query file's name
+SPLIT_FOLDERS = {"qr": ("qrdata",), "real": ("realdata", "real_data"), "synthetic": ("synthetic_data",)}
+# what a variable expression may call besides the data file's columns (formulaic's transforms and numpy)
+FORMULA_NAMES = {"I", "C", "log", "exp", "sqrt", "abs", "center", "scale", "standardize"}
+NUMPY_NAMES = {"log", "log1p", "log2", "log10", "exp", "sqrt", "abs", "square"}
+_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+EXPANDING = ("control", "instrument")  # the roles whose variable may stand for several design columns
+
+
+class BenchmarkQueries(list):
+    """The queries of a benchmark file that loaded (a list), and ``skipped_queries``: ``(query id, reason)`` of
+    each query that did not (the release's ``id`` field, else the query's 0-based position in the file)."""
+
+    def __init__(self, queries: list[dict], skipped: list[tuple]) -> None:
+        super().__init__(queries)
+        self.skipped_queries = list(skipped)
+
+
+class _Skip(Exception):
+    """This query cannot be loaded; the message is the reason."""
+
+
 def _read_table(path: Path):
     import pandas as pd
 
     try:
         if path.suffix == ".csv":
-            return pd.read_csv(path)
+            try:
+                return pd.read_csv(path)
+            except UnicodeDecodeError:  # some of the release's files are latin-1, as its own reader allows
+                return pd.read_csv(path, encoding="latin1")
         if path.suffix in (".dta",):
             return pd.read_stata(path)
         if path.suffix in (".xlsx", ".xls"):
@@ -404,109 +457,363 @@ def _read_table(path: Path):
         if path.suffix == ".parquet":
             return pd.read_parquet(path)
     except Exception as err:
-        raise UserInputError(f"could not read data file {path}: {err}") from None
+        raise UserInputError(f"could not read data file {path}: {one_line(err)}") from None
     raise UserInputError(f"data file {path} has an unsupported format; use .csv, .dta, .xlsx or .parquet.")
+
+
+def _missing(value) -> bool:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return True
+    return str(value).strip().lower() in ("", "nan", "none", "null", "na")
 
 
 def _field(item: dict, *names):
     for name in names:
-        value = item.get(name)
-        if value is None or (isinstance(value, float) and math.isnan(value)):
-            continue
-        text = str(value).strip()
-        if text and text.lower() not in ("nan", "none", "null"):
-            return value
+        if not _missing(item.get(name)):
+            return item[name]
     return None
 
 
-def _find_file(data_dir: Path, name: str) -> Path:
-    candidate = data_dir / name
-    if candidate.is_file():
-        return candidate
+def _text(item: dict, key: str) -> str | None:
+    value = _field(item, *FIELDS[key])
+    return None if value is None else str(value).strip()
+
+
+def _find_file(data_dir: Path, name: str, split: tuple[str, ...]) -> Path:
+    """``name`` under ``data_dir``: as a path (also without its leading folders, so that the release's
+    ``data/real_data/x.csv`` is found under its ``data`` folder), else by file name, preferring the split's folder."""
+    parts = Path(name).parts
+    for start in range(len(parts)):
+        candidate = data_dir.joinpath(*parts[start:])
+        if candidate.is_file():
+            return candidate
     matches = sorted(data_dir.rglob(Path(name).name))
+    preferred = [m for m in matches if m.parent.name in split]
+    matches = preferred or matches
+    if len(matches) == 1:
+        return matches[0]
     if not matches:
-        raise UserInputError(f"data file {name!r} named by the query file is not under {data_dir}; put the "
-                             "benchmark's data files there (e.g. data/real_data/...).")
-    return matches[0]
+        raise _Skip(f"data file {name!r} named by the query file is not under {data_dir}; put the benchmark's data "
+                    "files there (v2: csv_files/<split>/, v1: real_data/, qrdata/).")
+    raise _Skip(f"data file {name!r} matches several files under {data_dir} ({[str(m) for m in matches[:4]]}); "
+                "name it by its path in the query file.")
 
 
-def load_benchmark(data_dir: str, queries_file: str) -> list[dict]:
-    """The queries of the benchmark's ``queries_file`` (JSON list, or CSV like ``synthetic_info.csv``) with their
-    data files under ``data_dir``. Every named variable must be a column of its data file."""
+def _columns_text(frame, file_name: str) -> str:
+    columns = [str(c) for c in frame.columns]
+    shown = ", ".join(columns[:30]) + (f", ... ({len(columns)} in all)" if len(columns) > 30 else "")
+    return f"{file_name} (columns: {shown})"
+
+
+def _formula(expression: str) -> str:
+    """A variable expression as the release writes it, as a formulaic term: ``[]`` -> ``()``, ``a x b`` / ``a × b``
+    -> ``a:b`` (an interaction), ``^`` -> ``**``, and arithmetic wrapped in ``I(...)`` so that it is evaluated
+    rather than read as formula operators (``age^2`` -> ``I(age**2)``, ``re78 - re75`` -> ``I(re78 - re75)``)."""
+    text = expression.strip().replace("[", "(").replace("]", ")").replace("×", ":")
+    text = re.sub(r"\s+x\s+", ":", text).replace("^", "**")
+    if re.search(r"[-+*/]", text) and not text.startswith("I("):
+        text = f"I({text})"
+    return text
+
+
+class _Design:
+    """The variables of one query resolved against its data file: plain columns (names matched after stripping
+    whitespace) or design columns that formulaic builds from the release's formula expressions."""
+
+    def __init__(self, frame, file_name: str) -> None:
+        self.frame, self.file_name = frame, file_name
+        self.lookup = {str(c).strip(): c for c in frame.columns}
+        self.derived: dict[str, object] = {}  # design column name -> values
+
+    def unknown(self, name: str, part: str | None = None) -> _Skip:
+        inside = f" in {name!r}" if part is not None and part != name else ""
+        where = _columns_text(self.frame, self.file_name)
+        return _Skip(f"variable {part or name!r}{inside} is not a column of {where}")
+
+    def columns(self, name: str, role: str) -> list:
+        """The column(s) the variable ``name`` stands for; only controls and instruments may expand to several
+        (a text column or a ``C(...)`` term becomes its category dummies, the first category dropped)."""
+        name = name.strip()
+        if name in self.lookup:
+            column = self.lookup[name]
+            if role in EXPANDING and not _is_numeric(self.frame[column]):  # a formula reads text as categories
+                return self._evaluate(f"C({name})", name, role, frame_name=name)
+            return [column]
+        target = re.fullmatch(r"([A-Za-z_]\w*)\s*=\s*(.+)", name)  # "income_change = re78 - re75"
+        label, expression = (target.group(1), target.group(2)) if target else (name, name)
+        if label in self.lookup:
+            label = name
+        if re.fullmatch(r"[\w .]+", expression):  # a plain name (maybe with spaces) that is not a column
+            raise self.unknown(name)
+        formula = _formula(expression)
+        for function in re.findall(r"\bnp\.(\w+)", formula):
+            if function not in NUMPY_NAMES:
+                raise _Skip(f"variable {name!r} calls np.{function}, which is not allowed in a variable "
+                            f"expression (allowed: np.{', np.'.join(sorted(NUMPY_NAMES))}).")
+        bare = re.sub(r"\bnp\.\w+", " ", formula)
+        bare = re.sub(r"(?<![\w.])\d+(\.\d*)?([eE][-+]?\d+)?", " ", bare)
+        for identifier in _IDENTIFIER.findall(bare):
+            if identifier not in self.lookup and identifier not in FORMULA_NAMES:
+                raise self.unknown(name, identifier)
+        return self._evaluate(formula, name, role, frame_name=label)
+
+    def _evaluate(self, formula: str, name: str, role: str, frame_name: str) -> list:
+        from formulaic import model_matrix
+
+        used = [self.lookup[i] for i in set(_IDENTIFIER.findall(formula)) if i in self.lookup]
+        data = self.frame[used].rename(columns={c: str(c).strip() for c in used})
+        context = {"np": np, "log": np.log, "exp": np.exp, "sqrt": np.sqrt, "abs": np.abs}
+        try:
+            matrix = model_matrix(f"1 + {formula}", data, na_action="ignore", context=context)
+        except Exception as err:  # formulaic's errors for a term it cannot read or evaluate
+            raise _Skip(f"variable {name!r} could not be evaluated as the formula term {formula!r} on "
+                        f"{self.file_name}: {one_line(err)}") from None
+        built = [c for c in matrix.columns if c != "Intercept"]
+        if not built:
+            raise _Skip(f"variable {name!r} ({formula!r}) gives no design column on {self.file_name}.")
+        if len(built) > 1 and role not in EXPANDING:
+            raise _Skip(f"the {role} {name!r} gives {len(built)} design columns ({built[:4]}...); only controls "
+                        "and instruments may expand to several (e.g. fixed effects C(...)).")
+        if len(built) == 1 and frame_name not in self.lookup and "[" not in str(built[0]):
+            names = [frame_name]
+        else:  # categories: "name[T.level]", never a name the file has already
+            names = [f"{name}[{str(c).split('[', 1)[-1]}" if "[" in str(c) else f"{name}:{c}" for c in built]
+        for new, column in zip(names, built):
+            self.derived[new] = np.asarray(matrix[column], dtype=float)
+        return names
+
+    def data(self):
+        if not self.derived:
+            return self.frame
+        import pandas as pd
+
+        extra = pd.DataFrame(self.derived, index=self.frame.index)
+        return pd.concat([self.frame, extra], axis=1)
+
+
+def _is_numeric(values) -> bool:
     import pandas as pd
 
-    root = Path(data_dir)
-    path = Path(queries_file) if Path(queries_file).is_absolute() else root / queries_file
-    if not root.is_dir() or not path.is_file():
-        raise UserInputError(f"no benchmark query file {path} (data_dir={data_dir!r}); pass the benchmark's "
-                             "data folder as data_dir and a query file such as json/real_data.json.")
+    return pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values)
+
+
+def _read_queries(path: Path) -> list[dict]:
+    import pandas as pd
+
     if path.suffix == ".json":
         try:
-            items = json.loads(path.read_text())  # Python's json reads the file's bare NaN as float nan
+            items = json.loads(path.read_text())  # Python's json reads v1's bare NaN as float nan
         except json.JSONDecodeError as err:
             raise UserInputError(f"{path} is not valid JSON: {err}") from None
         if isinstance(items, dict):
             items = next((v for v in items.values() if isinstance(v, list)), [])
+    elif path.suffix == ".csv":
+        try:
+            items = pd.read_csv(path).to_dict("records")
+        except UnicodeDecodeError:
+            items = pd.read_csv(path, encoding="latin1").to_dict("records")
+        except Exception as err:
+            raise UserInputError(f"could not read the query file {path}: {one_line(err)}") from None
     else:
-        items = pd.read_csv(path).to_dict("records")
+        raise UserInputError(f"query file {path} is neither .json nor .csv; pass one of the benchmark's query files "
+                             "(v2 metadata_csv/real_input.csv, metadata_json/real_input.json; v1 json/real_data.json).")
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise UserInputError(f"{path} is not a list of query records (JSON objects or CSV rows).")
     if not items:
         raise UserInputError(f"{path} holds no queries.")
-    queries, tables = [], {}
+    return items
+
+
+def load_benchmark(data_dir: str, queries_file: str) -> BenchmarkQueries:
+    """The queries of the benchmark's ``queries_file`` with their data files under ``data_dir``, query by query.
+
+    Layouts (github.com/causalNLP/CauSciBench): v2 ``data/metadata_csv/*_input.csv`` (columns ``id, paper_name,
+    data_description, dataset_name, query, method, answer, std_error, treatment, outcome, controls,
+    instrument_var, running_var, temporal_var, state_var, [mediator], interaction_var, is_rct, is_multirct``; data
+    under ``data/csv_files/<split>/``) and ``data/metadata_json/*_input.json``; v1 ``data/json/*.json``
+    (``create_json.py``: bare ``NaN`` for missing fields) and ``data/*_info.csv``. A query that cannot be loaded
+    (its data file is missing, a variable is not a column and no formula term builds it, its method label is
+    unknown, ...) is skipped: the returned list's ``skipped_queries`` holds ``(query id, reason)`` for each and one
+    warning lists them all. If no query loads, that is one error listing the reasons."""
+    root = Path(data_dir)
+    path = Path(queries_file) if Path(queries_file).is_absolute() else root / queries_file
+    if not root.is_dir() or not path.is_file():
+        raise UserInputError(f"no benchmark query file {path} (data_dir={data_dir!r}); pass the benchmark's "
+                             "data folder as data_dir and a query file such as metadata_csv/real_input.csv (v2) or "
+                             "json/real_data.json (v1).")
+    items = _read_queries(path)
+    split = next((folders for key, folders in SPLIT_FOLDERS.items() if path.name.lower().startswith(key)), ())
+    queries, skipped, inferred, tables = [], [], [], {}
     for index, item in enumerate(items):
-        name = str(_field(item, "name", "paper_name") or f"query_{index}")
-        where = f"{path.name} query {index} ({name}): "
-        method_raw = _field(item, "method")
-        if method_raw is None:
-            raise UserInputError(f"{where}no method label.")
-        method = normalise_method(method_raw, where)
-        effect = _field(item, "effect", "answer")
+        raw_id = _field(item, *FIELDS["id"])
+        query_id = index if raw_id is None else (int(raw_id) if str(raw_id).strip().lstrip("-").isdigit()
+                                                  else str(raw_id).strip())
         try:
-            effect = float(effect)
-        except (TypeError, ValueError):
-            raise UserInputError(f"{where}the reference effect {effect!r} is not a number.") from None
-        data_name = _field(item, "dataset_path", "data_files")
-        if data_name is None:
-            raise UserInputError(f"{where}names no data file (dataset_path / data_files).")
-        data_name = str(data_name).split(",")[0].strip()
-        if data_name not in tables:
-            tables[data_name] = _read_table(_find_file(root, data_name))
-        frame = tables[data_name]
-        controls = _field(item, "control_variables")
-        controls = [c.strip() for c in str(controls).split(",") if c.strip()] if controls else []
-        roles = _roles(treatment=_field(item, "treatment_var", "treatment"),
-                       outcome=_field(item, "outcome_var", "outcome"), controls=controls,
-                       instrument=_field(item, "instrument_var"), running=_field(item, "running_var"),
-                       time=_field(item, "temporal_var"), group=_field(item, "state_var"),
-                       mediator=_field(item, "mediator"))
-        missing = [c for c in [roles[k] for k in ROLE_KEYS if k not in ("controls", "cutoff")] + controls
-                   if c is not None and c not in frame.columns]
-        if missing:
-            raise UserInputError(f"{where}variables {missing} are not columns of its data file {data_name} "
-                                 f"(columns: {list(frame.columns)[:30]}).")
-        if roles["outcome"] is None:
-            raise UserInputError(f"{where}names no outcome variable.")
-        cutoff = _field(item, "cutoff")
-        if method == "rdd" and roles["running"] is not None:
-            roles["cutoff"] = float(cutoff) if cutoff is not None else _infer_cutoff(frame, roles)
-        queries.append({"name": f"benchmark/{name}", "source": "benchmark", "design": method,
-                        "query": str(_field(item, "query", "natural_language_query") or ""),
-                        "description": str(_field(item, "dataset_description", "data_description") or ""),
-                        "method": method, "effect": effect, "roles": roles, "data": frame,
-                        "columns": list(frame.columns), "reference": f"{path.name} entry {index}"})
-    return queries
+            query, cutoff_note = _benchmark_query(item, index, query_id, path, root, split, tables)
+        except _Skip as reason:
+            skipped.append((query_id, str(reason)))
+            continue
+        if cutoff_note:
+            inferred.append(f"{query_id}: {cutoff_note}")
+        queries.append(query)
+    if not queries:
+        reasons = "; ".join(f"query {i}: {r}" for i, r in skipped[:5]) + (" ..." if len(skipped) > 5 else "")
+        raise UserInputError(f"no query of {path} could be loaded ({len(skipped)} skipped): {reasons}")
+    if skipped:
+        log.warning("%s: skipped %d of %d queries: %s", path.name, len(skipped), len(items),
+                    "; ".join(f"query {i}: {r}" for i, r in skipped))
+    if inferred:
+        log.warning("%s: the query file gives no RDD cutoff (no 'cutoff' field) for %d queries; inferred from the "
+                    "data: %s", path.name, len(inferred), "; ".join(inferred))
+    return BenchmarkQueries(queries, skipped)
 
 
-def _infer_cutoff(frame, roles: dict) -> float:
-    if roles["treatment"] is None:
+def _benchmark_query(item: dict, index: int, query_id, path: Path, root: Path, split: tuple[str, ...],
+                     tables: dict) -> tuple[dict, str | None]:
+    """One query record (see `load_benchmark`) and, for an RDD whose cutoff was inferred, how; `_Skip` if not."""
+    name = _text(item, "name") or f"query_{index}"
+    method_raw = _field(item, *FIELDS["method"])
+    if method_raw is None:
+        raise _Skip("no method label.")
+    try:
+        method = normalise_method(method_raw)
+    except UserInputError as err:
+        raise _Skip(str(err)) from None
+    effect = _field(item, *FIELDS["effect"])
+    try:
+        effect = float(str(effect).replace("−", "-").strip())  # the release's CSVs have a Unicode minus
+    except ValueError:
+        raise _Skip(f"the reference effect {effect!r} is not a number.") from None
+    if not math.isfinite(effect):
+        raise _Skip("no reference effect (answer / effect).")
+    data_name = _text(item, "data")
+    if data_name is None:
+        raise _Skip("names no data file (dataset_name / dataset_path / data_files).")
+    data_name = data_name.split(",")[0].strip()
+    file = _find_file(root, data_name, split)
+    if file not in tables:
+        try:
+            tables[file] = _read_table(file)
+        except UserInputError as err:
+            raise _Skip(str(err)) from None
+    frame = tables[file]
+    design = _Design(frame, file.name)
+
+    def one(key: str, role: str):
+        value = _text(item, key)
+        if value is None:
+            return None
+        (column,) = design.columns(value, role)
+        return column
+
+    outcome = one("outcome", "outcome")
+    if outcome is None:
+        raise _Skip("names no outcome variable.")
+    instruments = [c for v in (_text(item, "instrument") or "").split(",") if v.strip()
+                   for c in design.columns(v, "instrument")]
+    controls = []
+    for value in str(_field(item, *FIELDS["controls"]) or "").split(","):
+        if value.strip():
+            controls += [c for c in design.columns(value, "control") if c not in controls]
+    roles = _roles(treatment=one("treatment", "treatment"), outcome=outcome, controls=controls,
+                   instrument=(instruments[0] if len(instruments) == 1 else instruments) or None,
+                   running=one("running", "running variable"), time=one("time", "temporal variable"),
+                   group=one("group", "state variable"), mediator=one("mediator", "mediator"),
+                   interaction=one("interaction", "interaction variable"), treatment_arm=_text(item, "treatment_arm"))
+    data = design.data()
+    for role in ("treatment", "outcome", "running", "mediator", "interaction"):
+        column = roles[role]
+        arm = role == "treatment" and roles["treatment_arm"]
+        if column is not None and not arm and not _is_numeric(data[column]):
+            values = sorted(map(str, data[column].dropna().unique()))[:6]
+            hint = " (a multi-arm treatment needs multirct_treatment naming the arm)" if role == "treatment" else ""
+            raise _Skip(f"the {role} {column!r} of {file.name} is not numeric (values {values}){hint}.")
+    is_multirct = _field(item, *FIELDS["is_multirct"])
+    if roles["treatment_arm"] is not None:
+        values = data[roles["treatment"]].dropna()
+        if not _arm_present(values, roles["treatment_arm"]):
+            raise _Skip(f"multirct_treatment {roles['treatment_arm']!r} is not a value of the treatment "
+                        f"{roles['treatment']!r} (values {sorted(map(str, values.unique()))[:8]}).")
+    elif is_multirct is not None and str(is_multirct).strip().lower() in ("1", "1.0", "true"):
+        raise _Skip(f"is_multirct is set (the treatment {roles['treatment']!r} has several arms) but the query names "
+                    "no arm (multirct_treatment); the effect of which arm is asked cannot be read from the fields.")
+    cutoff_note = None
+    if method == "rdd" and roles["running"] is not None:
+        cutoff = _field(item, *FIELDS["cutoff"])
+        if cutoff is not None:
+            try:
+                roles["cutoff"] = float(cutoff)
+            except (TypeError, ValueError):
+                raise _Skip(f"the RDD cutoff {cutoff!r} is not a number.") from None
+        else:
+            roles["cutoff"], how = _infer_cutoff(data, roles)
+            cutoff_note = f"{roles['cutoff']:g} ({how})"
+    std_error = _field(item, *FIELDS["std_error"])
+    is_rct = _field(item, *FIELDS["is_rct"])
+    record = {"id": query_id, "name": f"benchmark/{name}", "source": "benchmark", "design": method,
+              "query": _text(item, "query") or "", "description": _text(item, "description") or "",
+              "method": method, "effect": effect, "roles": roles, "data": data, "columns": list(frame.columns),
+              "derived_columns": list(design.derived), "data_file": str(file),
+              "std_error": _number(std_error), "is_rct": None if is_rct is None else _flag(is_rct),
+              "is_multirct": None if is_multirct is None else _flag(is_multirct),
+              "reference": f"{path.name} query {query_id}"}
+    return record, cutoff_note
+
+
+def _number(value) -> float | None:
+    try:
+        return float(str(value).replace("−", "-"))
+    except (TypeError, ValueError):
+        return None
+
+
+def _flag(value) -> bool:
+    return str(value).strip().lower() in ("1", "1.0", "true", "yes")
+
+
+def _arm_present(values, arm: str) -> bool:
+    import pandas as pd
+
+    if (values.astype(str).str.strip() == arm).any():
+        return True
+    numbers = pd.to_numeric(values, errors="coerce")
+    try:
+        return bool(numbers.notna().all() and (numbers == float(arm)).any())
+    except ValueError:
+        return False
+
+
+def _round_number(low: float, high: float) -> float:
+    """The roundest number in ``(low, high]``: 0 if it lies there, else a multiple of the largest power of ten
+    (or of half of one) that does, the one nearest the middle."""
+    if low < 0 <= high:
         return 0.0
+    middle = (low + high) / 2
+    for exponent in range(int(math.floor(math.log10(max(abs(low), abs(high))))) + 1, -13, -1):
+        for step in (10.0 ** exponent, 5 * 10.0 ** (exponent - 1)):
+            first, last = math.floor(low / step) + 1, math.floor(high / step)
+            if first <= last:
+                return float(round(min(range(first, last + 1), key=lambda k: abs(k * step - middle)) * step, 12))
+    return float(high)
+
+
+def _infer_cutoff(frame, roles: dict) -> tuple[float, str]:
+    """An RDD cutoff the query file does not give: where a sharp 0/1 treatment switches, the roundest number
+    between the last running value of one side and the first of the other (a true 0 or 50, not the first
+    observed value); else 0."""
+    if roles["treatment"] is None:
+        return 0.0, "no treatment column to locate it; 0 assumed"
     sub = frame[[roles["running"], roles["treatment"]]].dropna()
     run, treated = sub[roles["running"]].to_numpy(float), sub[roles["treatment"]].to_numpy(float)
     if set(np.unique(treated)) <= {0.0, 1.0} and treated.any() and not treated.all():
-        if run[treated == 1].min() > run[treated == 0].max():
-            return float(run[treated == 1].min())
-        if run[treated == 1].max() < run[treated == 0].min():
-            return float(run[treated == 0].min())
-    return 0.0
+        on, off = run[treated == 1], run[treated == 0]
+        if on.min() > off.max():
+            return _round_number(off.max(), on.min()), f"the treatment switches on between {off.max():g} and " \
+                                                       f"{on.min():g}"
+        if on.max() < off.min():
+            return _round_number(on.max(), off.min()), f"the treatment switches off between {on.max():g} and " \
+                                                       f"{off.min():g}"
+    return 0.0, "the treatment is not a sharp threshold of the running variable; 0 assumed"
 
 
 # ============================================================================================ selector features
@@ -533,7 +840,7 @@ def query_features(query: dict, text_buckets: int = 512, column_buckets: int = 6
     for column in query["columns"]:
         for word in _WORD.findall(str(column).lower()):
             names[_bucket(word, column_buckets)] = 1.0
-    frame = query["data"]
+    frame = query["data"].drop(columns=query.get("derived_columns", []))  # the file's columns, not the roles' terms
     numeric = frame.select_dtypes("number")
     values = {c: numeric[c].dropna().to_numpy(float) for c in numeric.columns}
     binary = [c for c, v in values.items() if len(v) and np.isin(v, (0.0, 1.0)).all()]
@@ -618,6 +925,7 @@ class CausalQueryDataModule(LightningDataModule):
         self.save_hyperparameters()
         self.feature_dim = text_buckets + column_buckets + N_STRUCTURE
         self.train_queries = self.val_queries = self.test_queries = None
+        self.skipped_queries: list[tuple] = []  # (query id, reason) of the benchmark queries that did not load
 
     def _features(self, query: dict) -> dict:
         query["features"] = query_features(query, self.hparams.text_buckets, self.hparams.column_buckets)
@@ -641,6 +949,7 @@ class CausalQueryDataModule(LightningDataModule):
                 queries = self.synthetic("test", self.hparams.test_per_design)
             else:
                 queries = load_benchmark(self.hparams.data_dir, self.hparams.queries_file)
+                self.skipped_queries = queries.skipped_queries
             self.test_queries = [q if "features" in q else self._features(q) for q in queries]
 
     @staticmethod
@@ -661,3 +970,7 @@ class CausalQueryDataModule(LightningDataModule):
     def test_dataloader(self):
         return DataLoader(self.test_queries, batch_size=self.hparams.test_batch_size, collate_fn=_collate_queries,
                           sampler=evaluation_sampler(self.test_queries, self.trainer))
+
+    def predict_dataloader(self):
+        """The test queries (``predict`` writes each one's method and effect estimate)."""
+        return self.test_dataloader()

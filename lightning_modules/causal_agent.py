@@ -17,8 +17,9 @@ of these agents (``agent``):
   coin flip, controlled trial) -> ols, else propensity-score matching. It reads the query's role fields (the benchmark's
   ``running_var``, ``instrument_var``, ... columns), so it knows the design variables: an upper reference for a
   selector that reads text only;
-* ``forced-ols``: OLS of the outcome on the treatment with every other numeric column as a control (the default
-  the paper reports models falling back to);
+* ``forced-ols``: OLS of the outcome on the treatment with every other numeric column of the data file as a control
+  (the default the paper reports models falling back to; it keeps a multi-arm query's arm and, being the naive
+  baseline, ignores the design variables, the interaction included);
 * ``learned``: a small MLP over `datamodules.causal_queries.query_features` (hashed question and description
   words, column-name words, data structure; never the roles), trained in ``fit`` with cross-entropy on synthetic
   queries; its method runs with the query's variables;
@@ -33,6 +34,10 @@ relative error ``|est - ref| / |ref|``, with the guard: when ``|ref| < near_zero
 the query lacks, an estimator error, an unparsable LLM reply) as error 1; ``mre_uncapped`` the same without cap;
 ``failure_rate``. The paper reports MRE and method-selection accuracy; its handling of failures and caps is not
 stated, so these are our documented choices (configurable).
+
+Predictions (``train.py predict``): every test query answered as in ``test``, one JSONL row each: query name,
+design, chosen and reference method, effect estimate (null on failure) and reference effect, relative errors
+(capped and uncapped), the failure message and, for the learned selector, its method probabilities.
 
 Deviations: the paper's agents choose the variables themselves; here every agent but forced OLS uses the query's
 variables, so what is compared is the method choice (the paper's bottleneck). No standard errors are scored.
@@ -170,10 +175,45 @@ class CausalInferenceAgent(PaperModule):
         self.val_acc(logits, labels)
         self.log("val/method_acc", self.val_acc, batch_size=len(labels))
 
+    def on_predict_start(self) -> None:
+        self.records = []
+
     def predict_step(self, batch, batch_idx):
-        features = batch[0] if isinstance(batch, (list, tuple)) and isinstance(batch[0], torch.Tensor) else \
-            torch.stack([q["features"] for q in batch])
-        return {"method_probs": self(features.to(self.device)).softmax(-1)}
+        """Selector batches ``(features, labels)``: the method probabilities. Query batches (the predict loader):
+        each query answered as in `test_step` (its record, failure message included, appended to ``records``):
+        chosen method index (-1: none), estimate (NaN on failure), reference, capped and uncapped relative error
+        and, for the learned selector, the method probabilities."""
+        if isinstance(batch, (list, tuple)) and isinstance(batch[0], torch.Tensor):
+            return {"method_probs": self(batch[0].to(self.device)).softmax(-1)}
+        records = [self.answer(query) for query in batch]
+        self.records.extend(records)
+        out = {"method": torch.tensor([METHODS.index(r["method"]) if r["method"] in METHODS else -1 for r in records]),
+               "estimate": torch.tensor([math.nan if r["estimate"] is None else r["estimate"] for r in records],
+                                        dtype=torch.float64),
+               "reference": torch.tensor([r["reference"] for r in records], dtype=torch.float64),
+               "error": torch.tensor([r["error"] for r in records], dtype=torch.float64),
+               "error_uncapped": torch.tensor([r["error_uncapped"] for r in records], dtype=torch.float64)}
+        if self.hparams.agent == "learned":
+            out["method_probs"] = self(torch.stack([q["features"] for q in batch]).to(self.device)).softmax(-1)
+        return out
+
+    def prediction_fields(self, outputs, batch) -> dict:
+        """One row per query: name, design, method and reference method, estimate (None on failure), reference,
+        errors, failure message ("" when none) and the learned selector's method probabilities."""
+        if "method" not in outputs:
+            return dict(outputs)
+        records = self.records[-len(batch):]
+        if [r["name"] for r in records] != [q["name"] for q in batch]:
+            raise RuntimeError("prediction_fields must follow the predict_step of the same batch.")
+        fields = {"query": [q["name"] for q in batch], "design": [q["design"] for q in batch],
+                  "method": [r["method"] or "" for r in records],
+                  "reference_method": [r["reference_method"] for r in records],
+                  "estimate": [r["estimate"] for r in records], "reference": outputs["reference"],
+                  "error": outputs["error"], "error_uncapped": outputs["error_uncapped"],
+                  "failure": [r["failure"] or "" for r in records]}
+        if "method_probs" in outputs:
+            fields["method_probs"] = outputs["method_probs"]
+        return fields
 
     # ----------------------------------------------------------------------------- answering queries
     def choose(self, query: dict) -> tuple[str | None, Roles]:
@@ -185,10 +225,10 @@ class CausalInferenceAgent(PaperModule):
             return query["method"], roles
         if agent == "rule-based":
             return rule_based_method(query), roles
-        if agent == "forced-ols":
-            named = {roles.treatment, roles.outcome}
+        if agent == "forced-ols":  # design columns built from the query's formula terms are not the file's columns
+            named = {roles.treatment, roles.outcome, *query.get("derived_columns", ())}
             numeric = query["data"].select_dtypes("number").columns
-            return "ols", Roles(treatment=roles.treatment, outcome=roles.outcome,
+            return "ols", Roles(treatment=roles.treatment, outcome=roles.outcome, treatment_arm=roles.treatment_arm,
                                 controls=[c for c in numeric if c not in named])
         if agent == "learned":
             with torch.no_grad():

@@ -34,6 +34,25 @@ that the paper does not fix are documented per function:
   (effect of mediator on outcome given treatment), each by OLS with the controls; delta-method standard error.
 - ``glm``: g-computation with a GLM (Binomial/logit for a 0/1 outcome, else Gaussian): mean predicted outcome with
   everyone treated minus with no one treated; no standard error (NaN).
+
+Two fields of the benchmark's query files reach the estimators through `Roles`:
+
+- ``interaction`` (the release's ``interaction_var``, "the variable interacting with the treatment"): ``ols`` adds
+  it and the product treatment x interaction to the regression and reports the treatment coefficient (the effect
+  where the interaction variable is 0) as ``effect`` and the product's coefficient as ``interaction_effect``;
+  ``glm`` adds both terms to its model, so its g-computation averages the heterogeneous effect over the rows;
+  ``regression_adjustment`` adds the variable to the controls it interacts with the treatment (its effect is the
+  ATE over the rows); ``did`` uses treatment x interaction as the treated indicator (e.g. a treated-group flag
+  times a post-period flag), with both main effects in the model. The benchmark's interaction queries ask for
+  query-specific contrasts (the difference between subgroups, the effect at an age of 25, ...) that the fields do
+  not name, so no estimator answers those exactly. ``matching``, ``ipw``, ``iv``, ``rdd`` and ``frontdoor`` cannot
+  use the field yet: with an interaction they raise `EstimationError` rather than ignore it.
+- ``treatment_arm`` (the release's ``multirct_treatment``, one arm of a treatment column with several arms): every
+  estimator sees the treatment as 1 for that arm and 0 for the comparison arm, the level whose name contains
+  "control" (case-insensitive) when exactly one does, else the most frequent other level; rows of the other arms
+  are dropped (`arm_indicator`).
+
+``iv`` accepts several instruments (a list in ``Roles.instrument``; the release writes them as one comma string).
 """
 from __future__ import annotations
 
@@ -44,6 +63,7 @@ import numpy as np
 
 from lightning_modules.causal_methods import METHODS, SYNONYMS, normalise_method  # noqa: F401 (re-exported)
 from lightning_modules.errors import UserInputError
+
 
 @dataclass
 class Roles:
@@ -57,9 +77,17 @@ class Roles:
     time: str | None = None
     group: str | None = None
     mediator: str | None = None
+    interaction: str | None = None  # the release's interaction_var (see the module docstring)
+    treatment_arm: str | None = None  # the release's multirct_treatment: the arm of a multi-arm treatment column
+
+    def instruments(self) -> list[str]:
+        if not self.instrument:
+            return []
+        return [self.instrument] if isinstance(self.instrument, str) else list(self.instrument)
 
     def columns(self) -> list[str]:
-        named = [self.treatment, self.outcome, self.instrument, self.running, self.time, self.group, self.mediator]
+        named = [self.treatment, self.outcome, *self.instruments(), self.running, self.time, self.group,
+                 self.mediator, self.interaction]
         return [c for c in named if c] + list(self.controls)
 
 
@@ -68,6 +96,7 @@ class Estimate:
     effect: float
     std_error: float
     n: int
+    interaction_effect: float | None = None  # the treatment x interaction coefficient (``ols`` with an interaction)
 
 
 class EstimationError(RuntimeError):
@@ -80,12 +109,49 @@ NEEDS = {"ols": ("treatment",), "regression_adjustment": ("treatment",), "matchi
          "iv": ("treatment", "instrument"), "rdd": ("running", "cutoff"), "frontdoor": ("treatment", "mediator")}
 
 
-def _frame(data, roles: Roles, extra: list[str]):
-    used = list(dict.fromkeys([c for c in [roles.outcome, *extra] if c] + list(roles.controls)))
+# the methods that use an interaction variable (see the module docstring); the others refuse a query with one
+USES_INTERACTION = ("ols", "regression_adjustment", "glm", "did")
+
+
+def arm_indicator(values, arm: str, name: str = "treatment") -> np.ndarray:
+    """1.0 where a multi-arm treatment column ``values`` equals ``arm``, 0.0 at the comparison arm (the one level
+    whose name contains "control", case-insensitive, else the most frequent other level), NaN elsewhere."""
+    import pandas as pd
+
+    values = pd.Series(values).reset_index(drop=True)
+    present = values.notna()
+    text = values.astype(str).str.strip()
+    numeric = pd.to_numeric(values, errors="coerce")
+    try:
+        arm_number = float(arm)
+    except ValueError:
+        arm_number = None
+    is_arm = (numeric == arm_number) if arm_number is not None and numeric[present].notna().all() else text == arm
+    is_arm &= present
+    if not is_arm.any():
+        raise EstimationError(f"the treatment arm {arm!r} is not a value of {name!r}")
+    others = text[present & ~is_arm]
+    if others.empty:
+        raise EstimationError(f"{name!r} has no rows outside the arm {arm!r} to compare with")
+    named = sorted({v for v in others.unique() if "control" in v.lower()})
+    comparison = named[0] if len(named) == 1 else others.value_counts().index[0]
+    out = np.full(len(values), np.nan)
+    out[is_arm.to_numpy()] = 1.0
+    out[(present & ~is_arm & (text == comparison)).to_numpy()] = 0.0
+    return out
+
+
+def _frame(data, roles: Roles, extra: list):
+    flat = [c for item in extra for c in (item if isinstance(item, (list, tuple)) else [item])]
+    used = list(dict.fromkeys([c for c in [roles.outcome, *flat] if c] + list(roles.controls)))
     missing = [c for c in used if c not in data.columns]
     if missing:
         raise EstimationError(f"columns {missing} are not in the data")
-    return data[used].dropna()
+    frame = data[used]
+    if roles.treatment_arm is not None and roles.treatment in used:
+        frame = frame.copy()
+        frame[roles.treatment] = arm_indicator(frame[roles.treatment], roles.treatment_arm, roles.treatment)
+    return frame.dropna()
 
 
 def _matrix(frame, columns: list[str]) -> np.ndarray:
@@ -121,13 +187,30 @@ def _propensity(t: np.ndarray, x: np.ndarray) -> np.ndarray:
     return np.asarray(fit.predict(design))
 
 
+def _interacted(frame, roles: Roles) -> np.ndarray:
+    """Columns [treatment, (interaction), (treatment x interaction), controls]: the interaction's main effect is
+    added unless it is a control already, and the product comes right after it."""
+    t = _matrix(frame, [roles.treatment])
+    controls = _matrix(frame, roles.controls)
+    if not roles.interaction:
+        return np.column_stack([t, controls])
+    z = frame[roles.interaction].to_numpy(float)[:, None]
+    main = [] if roles.interaction in roles.controls else [z]
+    return np.column_stack([t, *main, t * z, controls])
+
+
 def ols(data, roles: Roles) -> Estimate:
-    frame = _frame(data, roles, [roles.treatment])
-    fit = _ols(frame[roles.outcome].to_numpy(float), _matrix(frame, [roles.treatment, *roles.controls]))
-    return Estimate(float(fit.params[1]), float(fit.bse[1]), len(frame))
+    frame = _frame(data, roles, [roles.treatment, roles.interaction])
+    fit = _ols(frame[roles.outcome].to_numpy(float), _interacted(frame, roles))
+    product = None
+    if roles.interaction:
+        product = float(fit.params[2 if roles.interaction in roles.controls else 3])
+    return Estimate(float(fit.params[1]), float(fit.bse[1]), len(frame), interaction_effect=product)
 
 
 def regression_adjustment(data, roles: Roles) -> Estimate:
+    if roles.interaction and roles.interaction not in roles.controls:
+        roles = Roles(**{**roles.__dict__, "controls": [*roles.controls, roles.interaction]})
     frame = _frame(data, roles, [roles.treatment])
     t = _binary(frame[roles.treatment].to_numpy(float), roles.treatment)
     x = _matrix(frame, roles.controls)
@@ -176,9 +259,14 @@ def _dummies(values, drop_first: bool = True) -> np.ndarray:
 
 
 def did(data, roles: Roles) -> Estimate:
-    frame = _frame(data, roles, [roles.treatment, roles.group, roles.time])
-    x = np.column_stack([_matrix(frame, [roles.treatment]), _dummies(frame[roles.group]),
-                         _dummies(frame[roles.time]), _matrix(frame, roles.controls)])
+    frame = _frame(data, roles, [roles.treatment, roles.group, roles.time, roles.interaction])
+    treated = _matrix(frame, [roles.treatment])
+    mains = []
+    if roles.interaction:  # the treated indicator is treatment x interaction, both main effects in the model
+        z = _matrix(frame, [roles.interaction])
+        treated, mains = treated * z, [treated, z]
+    x = np.column_stack([treated, _dummies(frame[roles.group]), _dummies(frame[roles.time]), *mains,
+                         _matrix(frame, roles.controls)])
     groups = np.unique(frame[roles.group].to_numpy(), return_inverse=True)[1]
     cluster = groups if len(np.unique(groups)) > 2 else None  # two clusters give no usable variance
     fit = _ols(frame[roles.outcome].to_numpy(float), x, groups=cluster)
@@ -188,11 +276,11 @@ def did(data, roles: Roles) -> Estimate:
 def iv(data, roles: Roles) -> Estimate:
     from linearmodels.iv import IV2SLS
 
-    frame = _frame(data, roles, [roles.treatment, roles.instrument])
+    frame = _frame(data, roles, [roles.treatment, roles.instruments()])
     exog = np.column_stack([np.ones(len(frame)), _matrix(frame, roles.controls)])
     try:
         fit = IV2SLS(frame[roles.outcome].to_numpy(float), exog, frame[[roles.treatment]].to_numpy(float),
-                     frame[[roles.instrument]].to_numpy(float)).fit(cov_type="robust")
+                     frame[roles.instruments()].to_numpy(float)).fit(cov_type="robust")
     except Exception as err:
         raise EstimationError(f"2SLS failed: {err}") from None
     return Estimate(float(np.asarray(fit.params)[-1]), float(np.asarray(fit.std_errors)[-1]), len(frame))
@@ -238,17 +326,20 @@ def frontdoor(data, roles: Roles) -> Estimate:
 def glm(data, roles: Roles) -> Estimate:
     import statsmodels.api as sm
 
-    frame = _frame(data, roles, [roles.treatment])
+    frame = _frame(data, roles, [roles.treatment, roles.interaction])
     y = frame[roles.outcome].to_numpy(float)
     family = sm.families.Binomial() if np.isin(y, (0, 1)).all() else sm.families.Gaussian()
-    x = _matrix(frame, [roles.treatment, *roles.controls])
-    design = np.column_stack([np.ones(len(y)), x])
+
+    def design(t: np.ndarray) -> np.ndarray:
+        with_t = frame.assign(**{roles.treatment: t})
+        return np.column_stack([np.ones(len(y)), _interacted(with_t, roles)])
+
+    observed = frame[roles.treatment].to_numpy(float)
     try:
-        fit = sm.GLM(y, design, family=family).fit()
+        fit = sm.GLM(y, design(observed), family=family).fit()
     except Exception as err:
         raise EstimationError(f"GLM failed: {err}") from None
-    treated, control = design.copy(), design.copy()
-    treated[:, 1], control[:, 1] = 1.0, 0.0
+    treated, control = design(np.ones(len(y))), design(np.zeros(len(y)))
     return Estimate(float(np.mean(fit.predict(treated) - fit.predict(control))), float("nan"), len(frame))
 
 
@@ -266,6 +357,9 @@ def estimate(method: str, data, roles: Roles, rdd_bandwidth: float | None = None
         missing.insert(0, "outcome")
     if missing:
         raise EstimationError(f"{method} needs the roles {missing}, which the query does not name")
+    if roles.interaction and method not in USES_INTERACTION:
+        raise EstimationError(f"{method} cannot use the interaction variable {roles.interaction!r} "
+                              f"(interaction_var) yet; methods that do: {list(USES_INTERACTION)}")
     if method == "rdd":
         result = rdd(data, roles, bandwidth=rdd_bandwidth)
     else:
