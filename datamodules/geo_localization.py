@@ -1,10 +1,10 @@
 """Cross-view (drone -> satellite) geo-localisation data: an embedded procedural generator and the University-1652,
 SUES-200 and DenseUAV folder layouts (InfoGeo, arXiv 2605.07099).
 
-Batches: training ``(drone [B, 3, S, S], satellite [B, 3, S, S], location [B])``, one drone image paired with its
-location's satellite image, from `UniqueLocationBatchSampler` (no location twice in a batch: the InfoNCE negatives
-are the other locations); evaluation ``(image, location, is_query)`` over one set that holds the drone queries
-(``is_query`` true) and the satellite gallery; prediction the same as test.
+Batches: training ``(drone [B, 3, S, S], satellite [B, 3, S, S], location [B])``, one drone image paired with a
+satellite image of its location (``satellite_pairing``, below), from `UniqueLocationBatchSampler` (no location
+twice in a batch: the InfoNCE negatives are the other locations); evaluation ``(image, location, is_query)`` over
+one set that holds the drone queries (``is_query`` true) and the satellite gallery; prediction the same as test.
 
 Datasets
 --------
@@ -22,7 +22,28 @@ Datasets
 * ``sues200``: ``data_dir/Training/<altitude>/{drone,satellite}/<id>/*`` and
   ``data_dir/Testing/<altitude>/{query_drone,gallery_satellite}/<id>/*`` (the released split script's layout;
   ``altitude`` 150, 200, 250 or 300).
-* ``denseuav``: the University-1652 layout (``train/{drone,satellite}``, ``test/{query_drone,gallery_satellite}``).
+* ``denseuav``: the release of github.com/Dmmm1997/DenseUAV (README "About Dataset"): ``train/drone/<id>/``
+  ``H80.JPG, H90.JPG, H100.JPG`` (three flight heights) and ``train/satellite/<id>/`` six 512 x 512 satellite tiles,
+  ``H80.tif, H90.tif, H100.tif`` and the older imagery ``H80_old.tif, H90_old.tif, H100_old.tif`` (written by
+  ``tool/dataset_preprocess/2-generate_new_croped_resized_images_difheights.py``); the test folders
+  ``test/query_drone/<id>/`` and ``test/gallery_satellite/<id>/`` that the release's ``test.py`` reads with
+  torchvision's ``ImageFolder`` (the gallery holds every satellite tile of every location, training locations
+  included, each a gallery image of its location: a query is answered by any of its location's tiles).
+
+Files are read as the official loaders read them (``PIL.Image.open(path).convert("RGB")``: DenseUAV's
+``Dataloader_University.sample_from_cls`` for training, torchvision's ``pil_loader`` in ``test.py``), with the
+extensions torchvision's ``ImageFolder`` accepts (``VIEW_EXTENSIONS``, TIFF included). 8-bit images (RGB, RGBA,
+grey, palette, CMYK, ...) are converted to RGB; a 16-bit or float image (PIL mode ``I;16``, ``I``, ``F``), which
+``convert("RGB")`` would clip to 255, and any other file in a location folder are one `UserInputError` naming the
+file.
+
+Training pairs (``satellite_pairing``): a location may have several satellite images (DenseUAV: six).
+``random`` (default) pairs each drone image, every time it is visited, with one of its location's satellite images
+drawn at random (seeded by ``seed``, epoch and process), as DenseUAV's ``Dataloader_University`` draws a satellite
+image of the location per sample; ``all`` makes every (drone image, satellite image) pair of a location one
+training example (the pairing of Game4Loc's ``DenseUAVDatasetTrain``, ``game4loc/dataset/denseuav_extend.py`` of
+github.com/Yux1angJi/GTA-UAV, the code base InfoGeo's release builds on), so an epoch visits each drone image once
+per satellite image. With one satellite image per location (University-1652, SUES-200) both are the same.
 
 The training source is ``dataset`` / ``data_dir``; the test set is ``test_dataset`` / ``test_data_dir`` (defaults:
 the same), so the paper's cross-dataset protocol (train on University-1652, test on SUES-200) is one config.
@@ -41,13 +62,18 @@ import numpy as np
 import torch
 from lightning.pytorch import LightningDataModule
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
-from datamodules.readers import IMAGE_EXTENSIONS, FileImages, require_data_dir
+from datamodules.readers import FileImages, require_data_dir
 from datamodules.sampling import evaluation_sampler, mix_seed
 from lightning_modules.errors import UserInputError, check_range
 
 DATASETS = ("synthetic", "university1652", "sues200", "denseuav")
+PAIRINGS = ("random", "all")
+# torchvision's ImageFolder extensions (IMG_EXTENSIONS), with which the releases' test scripts read the view folders
+VIEW_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+# PIL modes that convert("RGB") maps without loss of range (8 bits per channel); I;16*, I and F are refused
+EIGHT_BIT_MODES = frozenset({"1", "L", "LA", "La", "P", "PA", "RGB", "RGBA", "RGBa", "RGBX", "CMYK", "YCbCr"})
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 PALETTE = np.array([[0.90, 0.10, 0.10], [0.10, 0.70, 0.15], [0.15, 0.25, 0.90], [0.95, 0.85, 0.10],
                     [0.90, 0.45, 0.05], [0.60, 0.15, 0.75], [0.05, 0.80, 0.85], [0.95, 0.95, 0.95]])
@@ -160,13 +186,20 @@ def _id_folders(root: str, what: str) -> list[str]:
 
 
 def scan_view(root: str, what: str, ids: dict[str, int]) -> tuple[list[str], list[int]]:
-    """Image paths and location indices of ``root/<id>/*`` (ids are registered in ``ids``; '-1' = junk)."""
+    """Image paths (sorted by name) and location indices of ``root/<id>/*`` (ids are registered in ``ids``;
+    '-1' = junk). Hidden files are ignored; any other file that is not a `VIEW_EXTENSIONS` image is an error."""
     paths, labels = [], []
     for name in _id_folders(root, what):
         folder = os.path.join(root, name)
-        files = sorted(f for f in os.listdir(folder) if os.path.splitext(f)[1].lower() in IMAGE_EXTENSIONS)
+        entries = sorted(f for f in os.listdir(folder) if not f.startswith("."))
+        files = [f for f in entries if os.path.splitext(f)[1].lower() in VIEW_EXTENSIONS]
+        other = [f for f in entries if f not in files]
+        if other:
+            raise UserInputError(f"{what}: '{os.path.join(folder, other[0])}' is not an image "
+                                 f"({', '.join(VIEW_EXTENSIONS)}; {len(other)} such entries in this folder). "
+                                 "Move it out of the view folder.")
         if not files:
-            raise UserInputError(f"{what}: location folder '{folder}' has no .png/.jpg/.jpeg images.")
+            raise UserInputError(f"{what}: location folder '{folder}' has no images ({', '.join(VIEW_EXTENSIONS)}).")
         label = -1 if name == "-1" else ids.setdefault(name, len(ids))
         paths += [os.path.join(folder, f) for f in files]
         labels += [label] * len(files)
@@ -196,6 +229,30 @@ def check_queries_in_gallery(query_ids: Tensor, gallery_ids: Tensor, where: str)
 
 
 # ============================================================================================ datasets, sampler
+class ViewImages(FileImages):
+    """View images read as the releases read them: ``PIL.Image.open(path).convert("RGB")`` (JPEG, PNG, TIFF, ...),
+    then resized to ``size`` x ``size``. Images of more than 8 bits per channel are refused (module docstring)."""
+
+    def pixels(self, i: int) -> Tensor:
+        from PIL import Image
+
+        path = self.paths[i]
+        try:
+            with Image.open(path) as img:
+                mode = img.mode
+                if mode in EIGHT_BIT_MODES:
+                    array = np.asarray(img.convert("RGB").resize((self.size, self.size), Image.BILINEAR),
+                                       dtype=np.uint8)
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
+            raise UserInputError(f"image '{path}' could not be read ({type(err).__name__}: {err}). Replace or "
+                                 "remove the file (it is truncated or not an image PIL can read).") from None
+        if mode not in EIGHT_BIT_MODES:
+            raise UserInputError(f"image '{path}' has PIL mode {mode}, not 8 bits per channel: the release's loader, "
+                                 "convert('RGB'), would clip 16-bit or float pixels to 255. Convert the file to 8-bit "
+                                 "RGB (rescale to 0-255 first).")
+        return torch.from_numpy(array.copy()).permute(2, 0, 1).float() / 255.0
+
+
 class _Images:
     """Uniform access to in-memory uint8 images or files: ``get(i)`` -> normalised float tensor."""
 
@@ -212,32 +269,54 @@ class _Images:
 
 
 class PairDataset(Dataset):
-    """Drone image ``i`` with its location's satellite image (training). Indexed by a whole batch, a list of
-    ``(index, flip)`` pairs from `UniqueLocationBatchSampler`, it returns the collated batch."""
+    """Training examples: a drone image and a satellite image of its location (``pairing``, module docstring).
 
-    def __init__(self, drone: _Images, drone_ids: Tensor, satellite: _Images, satellite_ids: Tensor) -> None:
-        self.drone, self.ids, self.satellite = drone, drone_ids, satellite
-        first = {}
+    ``random``: example ``k`` is drone image ``k``; its satellite image is ``satellites[location][pick % n]`` for
+    the ``pick`` the batch sampler draws per visit (0 when indexed without one). ``all``: one example per
+    (drone image, satellite image) pair of a location. ``ids`` holds each example's location. Indexed by a whole
+    batch, a list of ``(index, flip[, pick])`` from `UniqueLocationBatchSampler`, it returns the collated batch."""
+
+    def __init__(self, drone: _Images, drone_ids: Tensor, satellite: _Images, satellite_ids: Tensor,
+                 pairing: str = "random") -> None:
+        if pairing not in PAIRINGS:
+            raise UserInputError(f"satellite_pairing={pairing!r}: choose one of {', '.join(PAIRINGS)}.")
+        self.drone, self.satellite, self.pairing = drone, satellite, pairing
+        self.satellites: dict[int, list[int]] = {}
         for j, loc in enumerate(satellite_ids.tolist()):
-            first.setdefault(loc, j)
-        missing = sorted(set(drone_ids.tolist()) - set(first))
+            self.satellites.setdefault(loc, []).append(j)
+        missing = sorted(set(drone_ids.tolist()) - set(self.satellites))
         if missing:
             raise UserInputError(f"training: drone locations {missing[:8]} have no satellite image "
                                  "(every drone location folder needs a satellite folder of the same id).")
-        self.sat_index = torch.tensor([first[loc] for loc in drone_ids.tolist()])
+        drones, sats = [], []
+        for i, loc in enumerate(drone_ids.tolist()):
+            chosen = self.satellites[loc] if pairing == "all" else [-1]      # -1: drawn per visit
+            drones += [i] * len(chosen)
+            sats += chosen
+        self.drone_index, self.sat_index = torch.tensor(drones), torch.tensor(sats)
+        self.ids = drone_ids[self.drone_index]
 
     def __len__(self) -> int:
         return len(self.ids)
 
-    def pair(self, i: int, flip: bool = False) -> tuple[Tensor, Tensor]:
-        drone, sat = self.drone.get(i), self.satellite.get(int(self.sat_index[i]))
+    def satellite_index(self, k: int, pick: int = 0) -> int:
+        """The satellite image of example ``k`` (``pick`` selects among its location's images under ``random``)."""
+        fixed = int(self.sat_index[k])
+        if fixed >= 0:
+            return fixed
+        options = self.satellites[int(self.ids[k])]
+        return options[pick % len(options)]
+
+    def pair(self, k: int, flip: bool = False, pick: int = 0) -> tuple[Tensor, Tensor]:
+        drone = self.drone.get(int(self.drone_index[k]))
+        sat = self.satellite.get(self.satellite_index(k, pick))
         return (drone.flip(-1), sat.flip(-1)) if flip else (drone, sat)
 
     def __getitem__(self, batch):
         if isinstance(batch, int):
             return (*self.pair(batch), self.ids[batch])
-        pairs = [self.pair(i, flip) for i, flip in batch]
-        index = torch.tensor([i for i, _ in batch])
+        pairs = [self.pair(*item) for item in batch]
+        index = torch.tensor([item[0] for item in batch])
         return torch.stack([d for d, _ in pairs]), torch.stack([s for _, s in pairs]), self.ids[index]
 
 
@@ -265,9 +344,10 @@ class UniqueLocationBatchSampler(DistributedSampler):
     that has one, locations in a fresh random order); the stream of rounds is cut into batches of ``batch_size``,
     closing a batch early where the next example's location is already in it. Batches of one example are dropped
     (InfoNCE needs negatives). Under DDP every process takes every world_size-th batch of the same list, truncated
-    to a multiple of world_size. Each yielded batch is a list of ``(index, flip)`` (flip drawn with p = 1/2 when
-    ``flip``), read whole by `PairDataset` (``DataLoader(batch_size=None)``). It is a ``DistributedSampler`` only so
-    that Lightning leaves it in place under DDP (it shards itself)."""
+    to a multiple of world_size. Each yielded batch is a list of ``(index, flip, pick)`` (flip drawn with p = 1/2
+    when ``flip``; ``pick`` a random integer that selects the satellite image under ``satellite_pairing: random``,
+    from its own seed stream), read whole by `PairDataset` (``DataLoader(batch_size=None)``). It is a
+    ``DistributedSampler`` only so that Lightning leaves it in place under DDP (it shards itself)."""
 
     def __init__(self, dataset: Dataset, labels: Tensor, batch_size: int, seed: int, rank: int = 0,
                  world_size: int = 1, flip: bool = False) -> None:
@@ -299,9 +379,11 @@ class UniqueLocationBatchSampler(DistributedSampler):
     def __iter__(self):
         batches = self.batches()
         rng = np.random.default_rng(mix_seed(self.seed, 23, self.epoch, self.rank))
+        pick_rng = np.random.default_rng(mix_seed(self.seed, 24, self.epoch, self.rank))
         for batch in batches:
             flips = rng.random(len(batch)) < 0.5 if self.flip else np.zeros(len(batch), dtype=bool)
-            yield [(i, bool(f)) for i, f in zip(batch, flips)]
+            picks = pick_rng.integers(0, 2 ** 62, len(batch))
+            yield [(i, bool(f), int(p)) for i, f, p in zip(batch, flips, picks)]
 
     def __len__(self) -> int:
         return len(self.batches())
@@ -321,6 +403,8 @@ class GeoLocalizationDataModule(LightningDataModule):
         train_locations / val_locations / test_locations / train_views / eval_views: synthetic sizes.
         test_level: synthetic test difficulty, ``clean`` or ``shifted``.
         seed: generator, sampler and flip seed.
+        satellite_pairing: ``random`` or ``all``: which satellite images of a location the training pairs use
+            (module docstring).
     """
 
     def __init__(self, dataset: Literal["synthetic", "university1652", "sues200", "denseuav"] = "synthetic",
@@ -328,11 +412,13 @@ class GeoLocalizationDataModule(LightningDataModule):
                  altitude: int = 150, image_size: int = 32, batch_size: int = 16, eval_batch_size: int = 64,
                  flip: bool = False, train_locations: int = 300, val_locations: int = 50, test_locations: int = 100,
                  train_views: int = 4, eval_views: int = 2, test_level: Literal["clean", "shifted"] = "clean",
-                 num_workers: int = 0, seed: int = 42) -> None:
+                 num_workers: int = 0, seed: int = 42, satellite_pairing: Literal["random", "all"] = "random") -> None:
         super().__init__()
         if dataset not in DATASETS or (test_dataset is not None and test_dataset not in DATASETS):
             raise UserInputError(f"dataset={dataset!r}, test_dataset={test_dataset!r}: choose from "
                                  f"{', '.join(DATASETS)}.")
+        if satellite_pairing not in PAIRINGS:
+            raise UserInputError(f"satellite_pairing={satellite_pairing!r}: choose one of {', '.join(PAIRINGS)}.")
         if test_level not in ("clean", "shifted"):
             raise UserInputError(f"test_level={test_level!r}: choose clean or shifted.")
         check_range("batch_size", batch_size, 2)
@@ -363,8 +449,8 @@ class GeoLocalizationDataModule(LightningDataModule):
         g_ids, q_ids = torch.tensor(g_ids), torch.tensor(q_ids)
         check_queries_in_gallery(q_ids, g_ids, f"{dataset} '{layout['query']}'")
         size = self.hparams.image_size
-        return RetrievalDataset(_Images(FileImages(q_paths, q_ids, size), mean, std), q_ids,
-                                _Images(FileImages(g_paths, g_ids, size), mean, std), g_ids)
+        return RetrievalDataset(_Images(ViewImages(q_paths, q_ids, size), mean, std), q_ids,
+                                _Images(ViewImages(g_paths, g_ids, size), mean, std), g_ids)
 
     def _synthetic_retrieval(self, split: str, level: str) -> RetrievalDataset:
         hp = self.hparams
@@ -389,15 +475,17 @@ class GeoLocalizationDataModule(LightningDataModule):
                 drone, drone_ids, sat, sat_ids = synthetic_split("train", hp.train_locations, hp.train_views,
                                                                  hp.image_size, hp.seed)
                 mean, std = self._stats("synthetic")
-                self.train_set = PairDataset(_Images(drone, mean, std), drone_ids, _Images(sat, mean, std), sat_ids)
+                self.train_set = PairDataset(_Images(drone, mean, std), drone_ids, _Images(sat, mean, std), sat_ids,
+                                             hp.satellite_pairing)
             else:
                 layout, ids = self._folder(hp.dataset, hp.data_dir), {}
                 mean, std = self._stats(hp.dataset)
                 s_paths, s_ids = scan_view(layout["satellite"], f"{hp.dataset} train satellite", ids)
                 d_paths, d_ids = scan_view(layout["drone"], f"{hp.dataset} train drone", ids)
                 s_ids, d_ids = torch.tensor(s_ids), torch.tensor(d_ids)
-                self.train_set = PairDataset(_Images(FileImages(d_paths, d_ids, hp.image_size), mean, std), d_ids,
-                                             _Images(FileImages(s_paths, s_ids, hp.image_size), mean, std), s_ids)
+                self.train_set = PairDataset(_Images(ViewImages(d_paths, d_ids, hp.image_size), mean, std), d_ids,
+                                             _Images(ViewImages(s_paths, s_ids, hp.image_size), mean, std), s_ids,
+                                             hp.satellite_pairing)
         if stage in ("fit", "validate", None) and self.val_set is None:
             self.val_set = (self._synthetic_retrieval("val", "clean") if hp.dataset == "synthetic"
                             else self._folder_retrieval(hp.dataset, hp.data_dir))
@@ -425,4 +513,12 @@ class GeoLocalizationDataModule(LightningDataModule):
         return self.eval_loader(self.test_set)
 
     def predict_dataloader(self) -> DataLoader:
-        return self.eval_loader(self.test_set)
+        """The test set's drone queries (``predict`` ranks each against `gallery_dataloader`)."""
+        test = self.test_set
+        return self.eval_loader(Subset(test, range(test.num_gallery, len(test))))
+
+    def gallery_dataloader(self) -> DataLoader:
+        """The test set's satellite gallery, whole and in order on every process (``predict`` encodes it once)."""
+        test = self.test_set
+        return DataLoader(Subset(test, range(test.num_gallery)), batch_size=self.hparams.eval_batch_size,
+                          shuffle=False, num_workers=self.hparams.num_workers)

@@ -16,16 +16,32 @@ Datasets
   Training examples (``pair_prob``) come as ``[image, crop]`` pairs: the crop is the union of the target boxes
   grown by a random margin (with probability ``crop_hit_prob``; otherwise a random window), the input a zoom-in
   method gives a model. Each example is drawn from its own seed (split, index), so splits are deterministic.
-* ``vstar`` (V* Bench, Wu & Xie 2023, ``craigwu/vstar_bench``): ``data_dir`` holds ``test_questions.jsonl`` (rows
-  ``{"image", "text" (question with "(A) ..." option lines), "label" ("A"), "category", ...}``) or a HiDe-style
-  JSON list (``{"id", "question", "labels", "image_path", "category"}``), with the images beside it
-  (``direct_attributes/*.jpg``, ``relative_position/*.jpg``). Options are parsed from ``(A) text`` lines.
+* ``vstar`` (V* Bench, Wu & Xie 2023, ``craigwu/vstar_bench``), one of three layouts in ``data_dir``, read in
+  this order:
+
+  1. ``test_questions.jsonl`` (rows ``{"image", "text" (question with "(A) ..." option lines), "label" ("A"),
+     "category", ...}``), options parsed from the ``(A) text`` lines;
+  2. a HiDe-style JSON list at the top level (``{"id", "question", "labels", "image_path", "category"}``);
+  3. the first release, as github.com/penghao-wu/vstar's ``vstar_bench_eval.py`` reads it (README "Benchmark"):
+     the folders ``direct_attributes/`` and ``relative_position/`` (the category), each image with the annotation
+     ``<image name without extension>.json`` beside it, ``{"target_object": [names], "bbox": [[x, y, w, h] pixels,
+     one per target], "question": str, "options": [str, ...]}``, the correct option first. The evaluation script
+     scores every option's likelihood, so their order does not matter to it; a model that answers with a letter
+     would find the answer always at (A), so ``vstar_option_order: shuffled`` (default) presents the options in
+     a seeded per-question order (``seed`` and the image's path; the answer index follows the correct option),
+     ``as_released`` keeps the file's order.
+
+  Target boxes: wherever an image has its annotation ``.json`` beside it (layout 3; in layouts 1 and 2 when the
+  release's annotation files are kept next to the images), its ``bbox`` list becomes
+  ``target_boxes`` (``[x, y, x + w, y + h]``, clipped to the image as the release's ``normalize_bbox`` clips), so
+  HiDe's ``box_iou`` is measured on the benchmark; without one, ``target_boxes`` is empty.
 * ``hr_bench`` (HR-Bench 4K / 8K, ``DreamMr/HR-Bench``): ``data_dir`` holds the TSV (``hr_bench_file``, e.g.
   ``hr_bench_4k.tsv``) with columns ``index, question, A, B, C, D, answer, category, image`` (base64 JPEG).
 
 Real benchmarks are test-only (``test`` / ``predict``); the training loader of the embedded data trains the toy
-MLLM. Errors: a missing image, a row without options, an answer letter outside the options are one
-`UserInputError` naming the file and row.
+MLLM. Errors: a missing or unreadable image, a row without options, an answer letter outside the options, a
+missing annotation file, a malformed ``bbox`` or a box outside its image are one `UserInputError` naming the file
+and row.
 """
 from __future__ import annotations
 
@@ -34,8 +50,10 @@ import csv
 import io
 import json
 import os
+import math
 import re
 import sys
+import zlib
 from typing import Literal
 
 import numpy as np
@@ -53,6 +71,9 @@ POSITIONS = ["left", "right"]
 SHAPES = ("disc", "ring", "cross", "triangle", "bar")
 LETTERS = "ABCDEFGH"
 SPLITS = {"train": 0, "val": 1, "test": 2}
+VSTAR_FOLDERS = ("direct_attributes", "relative_position")   # the release's test types (vstar_bench_eval.py)
+VSTAR_ORDERS = ("shuffled", "as_released")
+OPTION_ORDER_STREAM = 7                                       # seed stream of the shuffled V* option order
 
 
 # ============================================================================================ the generator
@@ -224,13 +245,122 @@ def _read_image(path: str, where: str) -> torch.Tensor:
     if not os.path.isfile(path):
         raise UserInputError(f"{where}: image '{path}' does not exist. Put the benchmark's images next to its "
                              "question file (as the release lays them out).")
-    with Image.open(path) as img:
-        return torch.from_numpy(np.asarray(img.convert("RGB")).copy())
+    try:
+        with Image.open(path) as img:
+            return torch.from_numpy(np.asarray(img.convert("RGB")).copy())
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
+        raise UserInputError(f"{where}: image '{path}' could not be read ({type(err).__name__}: {err}). Replace "
+                             "it with the file from the benchmark's release.") from None
 
 
-def load_vstar(data_dir: str) -> list[dict]:
-    """V* Bench from ``data_dir``: ``test_questions.jsonl`` (the release) or a HiDe-style ``*.json`` list."""
-    root = require_data_dir(data_dir, "vstar", "test_questions.jsonl (or a JSON list) and the benchmark's images")
+def _read_annotation(path: str) -> dict:
+    """One V* annotation file (``{"target_object", "bbox", "question", "options"}``)."""
+    try:
+        with open(path) as f:
+            annotation = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserInputError(f"V* annotation '{path}' is not readable JSON ({type(err).__name__}: {err}). "
+                             "Replace it with the release's file.") from None
+    if not isinstance(annotation, dict):
+        raise UserInputError(f"V* annotation '{path}' holds a {type(annotation).__name__}, expected an object with "
+                             "target_object, bbox, question and options.")
+    return annotation
+
+
+def vstar_boxes(bbox, where: str) -> list[list[float]]:
+    """The release's ``bbox`` list (``[x, y, w, h]`` pixels per target) as ``[x0, y0, x1, y1]`` boxes."""
+    if not isinstance(bbox, list):
+        raise UserInputError(f"{where}: 'bbox' must be a list of [x, y, w, h] boxes, got {type(bbox).__name__}.")
+    boxes = []
+    for box in bbox:
+        if not (isinstance(box, list) and len(box) == 4 and
+                all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in box)):
+            raise UserInputError(f"{where}: bbox entry {box!r} is not four finite numbers [x, y, w, h].")
+        x, y, w, h = (float(v) for v in box)
+        if w <= 0 or h <= 0:
+            raise UserInputError(f"{where}: bbox entry {box!r} has a width or height <= 0 ([x, y, w, h] pixels).")
+        boxes.append([x, y, x + w, y + h])
+    return boxes
+
+
+def _sidecar_boxes(image_path: str, where: str) -> list[list[float]]:
+    """Target boxes from the image's annotation ``.json`` beside it, if there is one (else none)."""
+    path = os.path.splitext(image_path)[0] + ".json"
+    if not os.path.isfile(path):
+        return []
+    annotation = _read_annotation(path)
+    return vstar_boxes(annotation["bbox"], f"{where} (annotation '{path}')") if "bbox" in annotation else []
+
+
+def clip_boxes(boxes: list, height: int, width: int, where: str) -> list[list[float]]:
+    """Boxes clipped to a ``height x width`` image; a box with nothing inside the image is an error."""
+    out = []
+    for x0, y0, x1, y1 in boxes:
+        box = [max(0.0, x0), max(0.0, y0), min(float(width), x1), min(float(height), y1)]
+        if box[2] <= box[0] or box[3] <= box[1]:
+            raise UserInputError(f"{where}: target box {[x0, y0, x1, y1]} lies outside the {width} x {height} "
+                                 "image. Check the annotation's bbox (x, y, w, h in pixels of this image).")
+        out.append(box)
+    return out
+
+
+def option_permutation(seed: int, key: str, count: int) -> list[int]:
+    """The shuffled V* option order of one question: a pure function of (``seed``, ``key``)."""
+    rng = np.random.default_rng(mix_seed(seed, OPTION_ORDER_STREAM, zlib.crc32(key.encode())))
+    return [int(i) for i in rng.permutation(count)]
+
+
+def load_vstar_annotations(root: str, option_order: str = "shuffled", seed: int = 0) -> list[dict]:
+    """The first V* release: ``direct_attributes/`` and ``relative_position/`` with an annotation ``.json`` beside
+    each image (module docstring), read as ``vstar_bench_eval.py`` reads them: every non-JSON file of a folder is
+    a question image, its annotation is the same path with ``.json``, the correct option is ``options[0]``."""
+    if option_order not in VSTAR_ORDERS:
+        raise UserInputError(f"vstar_option_order={option_order!r}: choose one of {', '.join(VSTAR_ORDERS)}.")
+    for category in VSTAR_FOLDERS:
+        folder = os.path.join(root, category)
+        if not os.path.isdir(folder):
+            raise UserInputError(f"V* Bench: '{folder}' is missing; the release has the folders "
+                                 f"{' and '.join(VSTAR_FOLDERS)}, each image with its annotation .json beside it.")
+    examples = []
+    for category in VSTAR_FOLDERS:
+        folder = os.path.join(root, category)
+        images = sorted(f for f in os.listdir(folder) if not f.startswith(".") and ".json" not in f)
+        if not images:
+            raise UserInputError(f"V* Bench: '{folder}' has no question images.")
+        for name in images:
+            image_path = os.path.join(folder, name)
+            path = os.path.splitext(image_path)[0] + ".json"
+            if not os.path.isfile(path):
+                raise UserInputError(f"V* Bench: image '{image_path}' has no annotation '{path}' (the release "
+                                     "pairs every image with a .json of the same name).")
+            annotation = _read_annotation(path)
+            missing = [k for k in ("question", "options", "bbox") if k not in annotation]
+            if missing:
+                raise UserInputError(f"V* annotation '{path}' lacks {', '.join(missing)} (expected target_object, "
+                                     "bbox, question, options).")
+            question, options = annotation["question"], annotation["options"]
+            if not isinstance(question, str) or not question.strip():
+                raise UserInputError(f"V* annotation '{path}': 'question' must be a non-empty string.")
+            if not (isinstance(options, list) and 2 <= len(options) <= len(LETTERS) and
+                    all(isinstance(o, str) and o.strip() for o in options)):
+                raise UserInputError(f"V* annotation '{path}': 'options' must be a list of 2 to {len(LETTERS)} "
+                                     "non-empty strings (the correct one first).")
+            key = f"{category}/{name}"
+            order = (option_permutation(seed, key, len(options)) if option_order == "shuffled"
+                     else list(range(len(options))))
+            examples.append({"id": key, "path": image_path, "where": f"V* annotation '{path}'",
+                             "question": question.strip(), "options": [options[i].strip() for i in order],
+                             "answer": order.index(0), "category": category, "clutter": -1,
+                             "target_boxes": vstar_boxes(annotation["bbox"], f"V* annotation '{path}'")})
+    return examples
+
+
+def load_vstar(data_dir: str, option_order: str = "shuffled", seed: int = 0) -> list[dict]:
+    """V* Bench from ``data_dir``: ``test_questions.jsonl``, a HiDe-style ``*.json`` list, or the first release's
+    folders with an annotation ``.json`` beside each image (module docstring; ``option_order`` and ``seed`` apply
+    to the last)."""
+    root = require_data_dir(data_dir, "vstar", "test_questions.jsonl, a JSON list or the release's "
+                            f"{' and '.join(VSTAR_FOLDERS)} folders, with the benchmark's images")
     jsonl = os.path.join(root, "test_questions.jsonl")
     lists = sorted(f for f in os.listdir(root) if f.endswith(".json"))
     if os.path.isfile(jsonl):
@@ -247,8 +377,11 @@ def load_vstar(data_dir: str) -> list[dict]:
         path = os.path.join(root, lists[0])
         with open(path) as f:
             rows = list(enumerate(json.load(f), 1))
+    elif any(os.path.isdir(os.path.join(root, folder)) for folder in VSTAR_FOLDERS):
+        return load_vstar_annotations(root, option_order, seed)
     else:
-        raise UserInputError(f"V* Bench: '{root}' has neither test_questions.jsonl nor a JSON question list.")
+        raise UserInputError(f"V* Bench: '{root}' has neither test_questions.jsonl, a JSON question list, nor the "
+                             f"release's {' and '.join(VSTAR_FOLDERS)} folders (images with annotation .json files).")
     examples = []
     for line_no, row in rows:
         where = f"{path}, row {line_no}"
@@ -265,7 +398,7 @@ def load_vstar(data_dir: str) -> list[dict]:
                          "where": where, "question": stem, "options": options,
                          "answer": answer_index(label, options, where),
                          "category": str(row.get("category", os.path.basename(os.path.dirname(image_path)))),
-                         "clutter": -1, "target_boxes": []})
+                         "clutter": -1, "target_boxes": _sidecar_boxes(image_path, where)})
     return examples
 
 
@@ -321,6 +454,7 @@ class BenchmarkDataset(Dataset):
         row = dict(self.rows[index])
         where = row.pop("where")
         image = _read_image(row.pop("path"), where) if "path" in row else decode_base64_image(row.pop("b64"), where)
+        row["target_boxes"] = clip_boxes(row["target_boxes"], image.shape[0], image.shape[1], where)
         return {**row, "images": [image]}
 
 
@@ -337,11 +471,15 @@ class HighResolutionVQADataModule(LightningDataModule):
                  num_test: int = 200, clutter_levels: list[int] = (0, 8, 24), position_prob: float = 0.25,
                  pair_prob: float = 0.5, crop_hit_prob: float = 0.8, canvas_size: int = 128,
                  target_size: int = 8, distractor_size: int = 9, batch_size: int = 32,
-                 eval_batch_size: int = 16, seed: int = 0, num_workers: int = 0) -> None:
+                 eval_batch_size: int = 16, seed: int = 0, num_workers: int = 0,
+                 vstar_option_order: Literal["shuffled", "as_released"] = "shuffled") -> None:
         super().__init__()
         self.save_hyperparameters()
         if dataset not in ("synthetic", "vstar", "hr_bench"):
             raise UserInputError(f"dataset={dataset!r} is unknown; use synthetic, vstar or hr_bench.")
+        if vstar_option_order not in VSTAR_ORDERS:
+            raise UserInputError(f"vstar_option_order={vstar_option_order!r}: choose one of "
+                                 f"{', '.join(VSTAR_ORDERS)}.")
         check_range("position_prob", position_prob, 0, 1)
         check_range("pair_prob", pair_prob, 0, 1)
         check_range("crop_hit_prob", crop_hit_prob, 0, 1)
@@ -367,7 +505,8 @@ class HighResolutionVQADataModule(LightningDataModule):
                            "val": self._synthetic("val", h.num_val * len(self.clutter_levels)),
                            "test": self._synthetic("test", h.num_test * len(self.clutter_levels))}
             return
-        rows = load_vstar(h.data_dir) if h.dataset == "vstar" else load_hr_bench(h.data_dir, h.hr_bench_file)
+        rows = (load_vstar(h.data_dir, h.vstar_option_order, h.seed) if h.dataset == "vstar"
+                else load_hr_bench(h.data_dir, h.hr_bench_file))
         benchmark = BenchmarkDataset(rows)
         self.splits = {"val": benchmark, "test": benchmark}
 

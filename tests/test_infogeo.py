@@ -210,7 +210,7 @@ def test_batch_sampler_never_repeats_a_location_and_shards_under_ddp():
     shards = [UniqueLocationBatchSampler(data, labels, 4, seed=0, rank=r, world_size=2).batches() for r in (0, 1)]
     assert len(shards[0]) == len(shards[1]) and not {tuple(b) for b in shards[0]} & {tuple(b) for b in shards[1]}
     flipped = list(UniqueLocationBatchSampler(data, labels, 4, seed=0, flip=True))
-    assert {f for b in flipped for _, f in b} == {True, False}
+    assert {f for b in flipped for _, f, _ in b} == {True, False}
 
 
 def _image(path, value: int) -> None:
