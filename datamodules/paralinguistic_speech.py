@@ -26,18 +26,43 @@ Each example also carries ``content`` (the sentence id, 50 classes): the content
 encoder (`lightning_modules.audio_language_model.SpeechContentPretraining`) and ``attributes`` (the four values,
 -1 when unknown) for the per-layer probes (`callbacks.layer_probing.LayerProbing`).
 
-Files (``data_dir``): ``{train,val,test}.jsonl``, one question per line, audio paths relative to ``data_dir``,
-16 kHz mono PCM wav (read with the stdlib ``wave`` module):
+Files, two layouts (``data_format``); audio is PCM wav read with the stdlib ``wave`` module:
 
-* ``data_format: jsonl`` (generic): ``{"audio", "question", "options": [...], "label"}``, optional ``task`` and
-  ``adv_label``;
-* ``data_format: voxparadox``: the fields of a VoxParadox item as shown on the project page (voxparadox.github.io):
-  ``{"task", "audio", "question", "options", "true_label", "adversarial_label"}``; ``options`` is a list or a
-  mapping ``{"A": ..., "B": ...}``, labels are an option text or its letter. The public release's exact column
-  names were not available when this was written; rename columns to these if they differ.
+* ``data_format: jsonl`` (generic): ``data_dir`` holds ``{train,val,test}.jsonl``, one question per line
+  ``{"audio", "question", "options": [...], "label"}`` with optional ``task`` and ``adv_label`` (labels: an option
+  text or its letter), audio paths relative to ``data_dir``, 16 kHz mono (other rates are refused).
+* ``data_format: voxparadox``: ``data_dir`` is the VoxParadox release as published on the Hugging Face Hub
+  (dataset ``IHP-Lab/VoxParadox``, e.g. ``huggingface-cli download IHP-Lab/VoxParadox --repo-type dataset
+  --local-dir data/VoxParadox``): a test set only (2,000 questions, 10 tasks), read from its ``metadata.jsonl``,
+  one question per line with the fields the dataset card lists: ``id``, ``task_name``, ``question``,
+  ``choice_a`` .. ``choice_d``, ``answer_gt`` (the acoustic answer) and ``adversarial_labels`` (the answer(s) the
+  transcript asserts), plus the audio file. The release is an audio-folder dataset, whose ``metadata.jsonl`` names
+  each clip in ``file_name``, relative to the folder of ``metadata.jsonl``; ``audio_path`` (the field of the
+  authors' question-generation script, JiachengPang/speech_tts ``post_processing_mcqs.py``) is read where
+  ``file_name`` is absent. What was not visible when this was written: the file itself (its exact audio field,
+  sub-folder layout, file type and sampling rate), so ``file_name`` follows the audio-folder format rather than a
+  seen row; clips at another rate than 16 kHz are resampled to 16 kHz (polyphase filter, as the embedded clips).
+  Reading: the options are the choices that are present in letter order (a choice that is JSON null, empty or the
+  string ``"null"``, the placeholder of the authors' script for two-option tasks, is absent); ``answer_gt`` and
+  every adversarial label are an option text (also matched ignoring case, repeated spaces and a final ``.``, ``!``
+  or ``?``, as the authors' ``create_manifest.py`` matches answers) or a choice letter (``B``, ``(B)``,
+  ``choice_b``); ``adversarial_labels`` is a list, or one string (several joined by ``|`` or ``,`` are split when
+  the whole string is no option; the project page shows two adversarial labels for a vocal-range question). Each
+  record keeps its ``id`` and all its adversarial labels: ALA counts a prediction that equals any of them
+  (`lightning_modules.audio_language_model.OptionAgreement`), and predictions carry the ``id`` and the chosen
+  option's text. A row without a field, an answer or adversarial label that is no choice, an adversarial label
+  equal to ``answer_gt`` (the release's labels are disjoint by construction), a repeated ``id`` and unreadable
+  audio are each one `UserInputError` naming ``metadata.jsonl``, the line and the field.
+  The release has no training data: ``fit`` and ``validate`` read YOUR questions from ``train_dir``, which must
+  hold ``train.jsonl`` and ``val.jsonl`` in the generic layout above (audio relative to ``train_dir``, 16 kHz), e.g.
+  ``{"audio": "clips/0001.wav", "question": "What is the speaker's gender?", "options": ["Female", "Male"],
+  "label": "Male", "task": "gender_prediction", "adv_label": "Female"}``; without them ``fit`` / ``validate`` stop
+  with one error naming this layout (``test`` and ``predict`` read the release alone). With the default word
+  vocabulary the token ids come from every file read, so test with the same ``train_dir`` as the training run
+  (a ``tokenizer_path`` tokenizer does not depend on the files).
 
-A label that is not among the options, a question without options, missing or unreadable audio and a sampling
-rate other than 16 kHz are each one `UserInputError` naming the file and line.
+A label that is not among the options, a question without options, missing or unreadable audio and (generic
+layout) a sampling rate other than 16 kHz are each one `UserInputError` naming the file and line.
 
 Tokens, two ways (the model scores one logit per option either way):
 
@@ -132,8 +157,9 @@ def default_cache_dir() -> str:
                                                        "paralinguistic_speech"))
 
 
-def read_wav(path: str, where: str = "") -> np.ndarray:
-    """A 16 kHz PCM wav as float32 mono in [-1, 1]; a missing/unreadable file or another rate is a UserInputError."""
+def read_wav(path: str, where: str = "", resample: bool = False) -> np.ndarray:
+    """A 16 kHz PCM wav as float32 mono in [-1, 1]; a missing/unreadable file or another rate is a UserInputError
+    (``resample``: another rate is resampled to 16 kHz with a polyphase filter instead)."""
     prefix = f"{where}: " if where else ""
     if not os.path.isfile(path):
         raise UserInputError(f"{prefix}audio file '{path}' does not exist. Audio paths are relative to data_dir.")
@@ -144,7 +170,7 @@ def read_wav(path: str, where: str = "") -> np.ndarray:
     except (wave.Error, EOFError, OSError) as err:
         raise UserInputError(f"{prefix}'{path}' is not a readable PCM wav file ({err}). Convert it, e.g. "
                              f"`sox in.xxx -r 16000 -c 1 -b 16 out.wav`.") from None
-    if rate != SAMPLE_RATE:
+    if rate != SAMPLE_RATE and not resample:
         raise UserInputError(f"{prefix}'{path}' is sampled at {rate} Hz but the model expects {SAMPLE_RATE} Hz. "
                              f"Resample it first, e.g. `sox in.wav -r {SAMPLE_RATE} out.wav`.")
     dtypes = {1: np.uint8, 2: np.int16, 4: np.int32}
@@ -152,7 +178,14 @@ def read_wav(path: str, where: str = "") -> np.ndarray:
         raise UserInputError(f"{prefix}'{path}' has {8 * width}-bit samples; write 16-bit PCM.")
     audio = np.frombuffer(frames, dtype=dtypes[width]).astype(np.float32)
     audio = (audio - 128.0) / 128.0 if width == 1 else audio / float(2 ** (8 * width - 1))
-    return audio.reshape(-1, channels).mean(axis=1) if channels > 1 else audio
+    audio = audio.reshape(-1, channels).mean(axis=1) if channels > 1 else audio
+    if rate != SAMPLE_RATE:
+        from math import gcd
+
+        from scipy.signal import resample_poly
+        g = gcd(SAMPLE_RATE, rate)
+        audio = resample_poly(audio, SAMPLE_RATE // g, rate // g).astype(np.float32)
+    return audio
 
 
 def synthesise(text: str, pitch: str, speed: str, gender: str, volume: str, cache_dir: str) -> np.ndarray:
@@ -346,15 +379,16 @@ def _label_index(value, options: list[str], field: str, where: str) -> int:
                          f"its letter {letters[0]}..{letters[-1]}).")
 
 
-def read_question_file(path: str, data_dir: str, data_format: str) -> list[dict]:
-    """Records of one ``{train,val,test}.jsonl`` (see the module docstring for both layouts)."""
+def read_question_file(path: str, data_dir: str, data_format: str = "jsonl") -> list[dict]:
+    """Records of one generic ``{train,val,test}.jsonl`` (module docstring), audio paths relative to ``data_dir``.
+    The VoxParadox release is read by `read_voxparadox_release`."""
+    if data_format != "jsonl":
+        raise UserInputError(f"read_question_file reads the generic jsonl layout, not data_format={data_format!r}; "
+                             "the VoxParadox release is read by read_voxparadox_release.")
     if not os.path.isfile(path):
         raise UserInputError(f"'{path}' is missing: data_dir must hold train.jsonl, val.jsonl and test.jsonl "
-                             f"({data_format} layout, see datamodules/paralinguistic_speech.py).")
-    label_field, adv_field = ("true_label", "adversarial_label") if data_format == "voxparadox" else ("label",
-                                                                                                      "adv_label")
-    required = ("task", "audio", "question", "options", label_field, adv_field) if data_format == "voxparadox" \
-        else ("audio", "question", "options", label_field)
+                             f"(jsonl layout, see datamodules/paralinguistic_speech.py).")
+    required = ("audio", "question", "options", "label")
     records = []
     with open(path) as handle:
         for number, line in enumerate(handle, 1):
@@ -367,8 +401,7 @@ def read_question_file(path: str, data_dir: str, data_format: str) -> list[dict]
                 raise UserInputError(f"{where}: not valid JSON ({err}).") from None
             missing = [k for k in required if k not in row]
             if missing:
-                raise UserInputError(f"{where}: missing field(s) {missing}; a {data_format} line needs "
-                                     f"{list(required)}.")
+                raise UserInputError(f"{where}: missing field(s) {missing}; a jsonl line needs {list(required)}.")
             options = row["options"]
             if isinstance(options, dict):
                 options = [options[k] for k in sorted(options)]
@@ -377,19 +410,124 @@ def read_question_file(path: str, data_dir: str, data_format: str) -> list[dict]
                                      "list of option texts (or a mapping letter -> text).")
             if len(set(options)) != len(options):
                 raise UserInputError(f"{where}: options {options} repeat a text.")
-            adv = row.get(adv_field)
+            adv = row.get("adv_label")
             records.append({"task": str(row.get("task", "unknown")), "question": str(row["question"]).lower(),
                             "text": str(row["question"]),
-                            "options": options, "label": _label_index(row[label_field], options, label_field, where),
-                            "adv_label": -1 if adv is None else _label_index(adv, options, adv_field, where),
+                            "options": options, "label": _label_index(row["label"], options, "label", where),
+                            "adv_label": -1 if adv is None else _label_index(adv, options, "adv_label", where),
                             "audio_path": os.path.join(data_dir, row["audio"]), "where": where})
     if not records:
         raise UserInputError(f"'{path}' holds no question.")
     return records
 
 
+RELEASE_METADATA = "metadata.jsonl"
+RELEASE_CHOICES = ("choice_a", "choice_b", "choice_c", "choice_d")
+RELEASE_FIELDS = ("id", "task_name", "question", "answer_gt", "adversarial_labels")
+RELEASE_AUDIO_FIELDS = ("file_name", "audio_path")     # audio-folder convention first, the authors' script second
+ABSENT_CHOICES = (None, "", "null")
+
+
+def _normalised(text: str) -> str:
+    return " ".join(text.split()).rstrip(".!?").lower()
+
+
+def _release_choice(value, choices: dict[str, str], options: list[str], field: str, where: str) -> int:
+    """Index in ``options`` of a release label: an option text (exact, then ignoring case, repeated spaces and a
+    final . ! ?) or a choice letter (``B``, ``(B)``, ``B.``, ``choice_b``)."""
+    if isinstance(value, str):
+        if value in options:
+            return options.index(value)
+        matches = [i for i, o in enumerate(options) if _normalised(o) == _normalised(value)]
+        if len(matches) == 1:
+            return matches[0]
+        key = value.strip().lower()
+        key = key[len("choice_"):] if key.startswith("choice_") else key.strip("(). :")
+        if len(key) == 1 and f"choice_{key}" in RELEASE_CHOICES:
+            if f"choice_{key}" not in choices:
+                raise UserInputError(f"{where}: {field}={value!r} names choice_{key}, which this question does not "
+                                     f"have (its choices: {list(choices)}).")
+            return options.index(choices[f"choice_{key}"])
+    raise UserInputError(f"{where}: {field}={value!r} is not one of the question's choices {options} (give an option "
+                         f"text or a choice letter A..{chr(ord('A') + len(RELEASE_CHOICES) - 1)}).")
+
+
+def _release_adversarial(value, choices: dict[str, str], options: list[str], where: str) -> list[int]:
+    """Indices of ``adversarial_labels``: a list of labels, or one string (labels joined by | or , are split when
+    the whole string is no choice)."""
+    field = "adversarial_labels"
+    if isinstance(value, str):
+        try:
+            return [_release_choice(value, choices, options, field, where)]
+        except UserInputError:
+            separator = "|" if "|" in value else ","
+            value = [part.strip() for part in value.split(separator)] if separator in value else [value]
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v.strip() for v in value):
+        raise UserInputError(f"{where}: {field}={value!r} must name at least one option (a list of option texts or "
+                             "letters, or one string).")
+    indices = [_release_choice(v, choices, options, field, where) for v in value]
+    return sorted(set(indices))
+
+
+def read_voxparadox_release(data_dir: str) -> list[dict]:
+    """Test records of the VoxParadox release in ``data_dir`` (its ``metadata.jsonl``; module docstring)."""
+    path = os.path.join(data_dir, RELEASE_METADATA)
+    if not os.path.isfile(path):
+        raise UserInputError(f"'{path}' is missing: with data_format=voxparadox, data_dir must be the VoxParadox "
+                             f"release folder (metadata.jsonl next to the audio it names), e.g. `huggingface-cli "
+                             f"download IHP-Lab/VoxParadox --repo-type dataset --local-dir {data_dir}`.")
+    records, seen = [], {}
+    with open(path) as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            where = f"{path}, line {number}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise UserInputError(f"{where}: not valid JSON ({err}).") from None
+            if not isinstance(row, dict):
+                raise UserInputError(f"{where}: a line must be one JSON object (a question), not {type(row).__name__}.")
+            audio_field = next((k for k in RELEASE_AUDIO_FIELDS if k in row), None)
+            missing = [k for k in RELEASE_FIELDS if k not in row] + ([] if audio_field else ["file_name"])
+            if missing:
+                raise UserInputError(f"{where}: missing field(s) {missing}; a VoxParadox row needs "
+                                     f"{[*RELEASE_FIELDS, *RELEASE_CHOICES, 'file_name']}.")
+            for field in ("id", "task_name", "question", audio_field):
+                if not isinstance(row[field], str) or not row[field].strip():
+                    raise UserInputError(f"{where}: field {field}={row[field]!r} must be a non-empty string.")
+            choices = {k: row[k] for k in RELEASE_CHOICES if row.get(k) not in ABSENT_CHOICES}
+            bad = [k for k, v in choices.items() if not isinstance(v, str)]
+            if bad:
+                raise UserInputError(f"{where}: field {bad[0]}={choices[bad[0]]!r} must be an option text (or null).")
+            options = list(choices.values())
+            if len(options) < 2:
+                raise UserInputError(f"{where}: fields {list(RELEASE_CHOICES)} give {len(options)} option(s) "
+                                     f"{options}; a question needs at least two.")
+            if len(set(options)) != len(options):
+                raise UserInputError(f"{where}: fields {list(RELEASE_CHOICES)} repeat an option text {options}.")
+            label = _release_choice(row["answer_gt"], choices, options, "answer_gt", where)
+            adversarial = _release_adversarial(row["adversarial_labels"], choices, options, where)
+            if label in adversarial:
+                raise UserInputError(f"{where}: field adversarial_labels={row['adversarial_labels']!r} contains the "
+                                     f"answer_gt {options[label]!r}; the labels the transcript asserts must differ "
+                                     "from the acoustic answer.")
+            if row["id"] in seen:
+                raise UserInputError(f"{where}: field id={row['id']!r} repeats the id of line {seen[row['id']]}.")
+            seen[row["id"]] = number
+            records.append({"task": row["task_name"], "question": row["question"].lower(), "text": row["question"],
+                            "options": options, "label": label, "adv_label": adversarial[0],
+                            "adv_labels": adversarial, "id": row["id"],
+                            "audio_path": os.path.join(data_dir, row[audio_field]),
+                            "where": f"{where}, field {audio_field}"})
+    if not records:
+        raise UserInputError(f"'{path}' holds no question.")
+    return records
+
+
 class SpokenQuestions(Dataset):
-    """Examples: waveform, prompt ids, option ids, label, adversarial label, task id, attributes, content id."""
+    """Examples: waveform, prompt ids, option ids, label, adversarial label(s), task id, attributes, content id (and
+    for the VoxParadox release the question's ``id`` and option texts)."""
 
     def __init__(self, records: list[dict], audio: list[np.ndarray], tokens: WordVocabulary | QuestionTokenizer,
                  task_names: list[str]) -> None:
@@ -401,18 +539,22 @@ class SpokenQuestions(Dataset):
     def __getitem__(self, i: int) -> dict:
         r = self.records[i]
         attrs = r.get("attributes") or {}
-        return {"waveform": torch.from_numpy(self.audio[i]),
-                "prompt": torch.tensor(self.tokens.prompt_ids(r)),
-                "options": torch.tensor(self.tokens.option_ids(r["options"])),
-                "label": r["label"], "adv_label": r["adv_label"],
-                "task": self.task_names.index(r["task"]) if r["task"] in self.task_names else -1,
-                "attributes": torch.tensor([VALUES[t].index(attrs[t]) if t in attrs else -1 for t in TASKS]),
-                "content": SENTENCES.index(r["sentence"]) if r.get("sentence") in SENTENCES else -1}
+        example = {"waveform": torch.from_numpy(self.audio[i]),
+                   "prompt": torch.tensor(self.tokens.prompt_ids(r)),
+                   "options": torch.tensor(self.tokens.option_ids(r["options"])),
+                   "label": r["label"], "adv_label": r["adv_label"],
+                   "task": self.task_names.index(r["task"]) if r["task"] in self.task_names else -1,
+                   "attributes": torch.tensor([VALUES[t].index(attrs[t]) if t in attrs else -1 for t in TASKS]),
+                   "content": SENTENCES.index(r["sentence"]) if r.get("sentence") in SENTENCES else -1}
+        if "adv_labels" in r:                                  # the release: every adversarial label, id, texts
+            example.update(adv_labels=r["adv_labels"], id=r["id"], option_texts=r["options"])
+        return example
 
 
 def collate_spoken_questions(examples: list[dict], pad_id: int = PAD) -> dict[str, torch.Tensor]:
     """Waveforms right-padded (``wave_lengths``), prompts LEFT-padded with ``pad_id`` (``prompt_mask``), options
-    padded with -1."""
+    padded with -1; ``adv_options`` [B, K] marks every option the transcript asserts (``adv_labels`` where an
+    example has them, else ``adv_label`` when >= 0). Release examples add ``id`` and ``option_texts`` (lists)."""
     batch = len(examples)
     lengths = torch.tensor([len(e["waveform"]) for e in examples])
     waves = torch.zeros(batch, int(lengths.max()))
@@ -421,25 +563,31 @@ def collate_spoken_questions(examples: list[dict], pad_id: int = PAD) -> dict[st
     prompt_mask = torch.zeros(batch, prompt_len, dtype=torch.bool)
     num_options = max(len(e["options"]) for e in examples)
     options = torch.full((batch, num_options), -1, dtype=torch.long)
+    adv_options = torch.zeros(batch, num_options, dtype=torch.bool)
     for i, e in enumerate(examples):
         waves[i, :len(e["waveform"])] = e["waveform"]
         prompts[i, prompt_len - len(e["prompt"]):] = e["prompt"]
         prompt_mask[i, prompt_len - len(e["prompt"]):] = True
         options[i, :len(e["options"])] = e["options"]
-    return {"waveform": waves, "wave_lengths": lengths, "prompt": prompts, "prompt_mask": prompt_mask,
-            "options": options, "label": torch.tensor([e["label"] for e in examples]),
-            "adv_label": torch.tensor([e["adv_label"] for e in examples]),
-            "task": torch.tensor([e["task"] for e in examples]),
-            "attributes": torch.stack([e["attributes"] for e in examples]),
-            "content": torch.tensor([e["content"] for e in examples])}
+        adv_options[i, e.get("adv_labels", [e["adv_label"]] if e["adv_label"] >= 0 else [])] = True
+    out = {"waveform": waves, "wave_lengths": lengths, "prompt": prompts, "prompt_mask": prompt_mask,
+           "options": options, "label": torch.tensor([e["label"] for e in examples]),
+           "adv_label": torch.tensor([e["adv_label"] for e in examples]), "adv_options": adv_options,
+           "task": torch.tensor([e["task"] for e in examples]),
+           "attributes": torch.stack([e["attributes"] for e in examples]),
+           "content": torch.tensor([e["content"] for e in examples])}
+    if all("id" in e for e in examples):
+        out.update(id=[e["id"] for e in examples], option_texts=[e["option_texts"] for e in examples])
+    return out
 
 
 class ParalinguisticSpeechDataModule(LightningDataModule):
     """Spoken paralinguistic multiple-choice questions (see the module docstring).
 
     Args:
-        data_dir: folder with ``{train,val,test}.jsonl`` and the audio; None = the embedded espeak-ng set.
-        data_format: ``jsonl`` (generic) or ``voxparadox`` (field names of a VoxParadox item).
+        data_dir: ``jsonl``: folder with ``{train,val,test}.jsonl`` and the audio; ``voxparadox``: the VoxParadox
+            release folder (``metadata.jsonl`` and the audio it names); None = the embedded espeak-ng set.
+        data_format: ``jsonl`` (generic layout) or ``voxparadox`` (the release as published; module docstring).
         tasks: tasks of the embedded set (subset of pitch, speed, gender, volume).
         num_train, num_val, num_test: embedded split sizes (questions; clips are shared between them).
         congruent_fraction: share of train/val questions whose sentence asserts the true value.
@@ -452,6 +600,9 @@ class ParalinguisticSpeechDataModule(LightningDataModule):
             MCQs (options scored by their letter tokens); None = the embedded word vocabulary (module docstring).
         use_chat_template: with ``tokenizer_path``, put each question into the tokenizer's chat template (one user
             turn plus the generation prompt) when it has one.
+        train_dir: with ``data_format: voxparadox``, the folder of YOUR training questions, ``train.jsonl`` and
+            ``val.jsonl`` in the generic layout (audio relative to it); needed by ``fit`` and ``validate``, read in
+            every stage when given (the release is the test split only).
     """
 
     sample_rate = SAMPLE_RATE
@@ -460,7 +611,8 @@ class ParalinguisticSpeechDataModule(LightningDataModule):
                  tasks: list[str] | None = None, num_train: int = 1200, num_val: int = 240, num_test: int = 400,
                  congruent_fraction: float = 0.85, incongruent_fraction: float = 0.0, seed: int = 0,
                  batch_size: int = 32, num_workers: int = 0, cache_dir: str | None = None,
-                 tokenizer_path: str | None = None, use_chat_template: bool = True) -> None:
+                 tokenizer_path: str | None = None, use_chat_template: bool = True,
+                 train_dir: str | None = None) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.tasks = tuple(tasks) if tasks is not None else TASKS
@@ -472,10 +624,24 @@ class ParalinguisticSpeechDataModule(LightningDataModule):
         for name, value in (("num_train", num_train), ("num_val", num_val), ("num_test", num_test),
                             ("batch_size", batch_size)):
             check_range(name, value, low=1)
+        if data_format not in ("jsonl", "voxparadox"):
+            raise UserInputError(f"data_format={data_format!r}: choose jsonl (generic layout) or voxparadox (the "
+                                 "VoxParadox release).")
+        if data_format == "voxparadox" and data_dir is None:
+            raise UserInputError("data_format=voxparadox needs data_dir: the VoxParadox release folder (metadata.jsonl "
+                                 "and its audio), e.g. `huggingface-cli download IHP-Lab/VoxParadox --repo-type "
+                                 "dataset --local-dir data/VoxParadox`.")
         if data_dir is not None and not os.path.isdir(data_dir):
-            raise UserInputError(f"data_dir '{data_dir}' is not a folder; it must hold train.jsonl, val.jsonl and "
-                                 "test.jsonl with the audio (or leave data_dir unset for the embedded espeak-ng set).")
-        self.data_dir, self.data_format = data_dir, data_format
+            holds = ("metadata.jsonl and the audio of the VoxParadox release" if data_format == "voxparadox" else
+                     "train.jsonl, val.jsonl and test.jsonl with the audio")
+            raise UserInputError(f"data_dir '{data_dir}' is not a folder; it must hold {holds} (or leave data_dir "
+                                 "unset for the embedded espeak-ng set).")
+        if train_dir is not None and data_format != "voxparadox":
+            raise UserInputError(f"train_dir='{train_dir}' is read only with data_format=voxparadox; with "
+                                 f"data_format={data_format} put train.jsonl and val.jsonl into data_dir.")
+        if train_dir is not None and not os.path.isdir(train_dir):
+            raise UserInputError(f"train_dir '{train_dir}' is not a folder; {self._training_layout()}")
+        self.data_dir, self.data_format, self.train_dir = data_dir, data_format, train_dir
         self.cache_dir = cache_dir or default_cache_dir()
         self.task_names = list(TASKS)
         self.splits: dict[str, SpokenQuestions] = {}
@@ -501,6 +667,12 @@ class ParalinguisticSpeechDataModule(LightningDataModule):
             audio = {split: [synthesise(r["sentence"], r["attributes"]["pitch"], r["attributes"]["speed"],
                                         r["attributes"]["gender"], r["attributes"]["volume"], self.cache_dir)
                              for r in rs] for split, rs in records.items()}
+        elif self.data_format == "voxparadox":
+            records = self._training_files(stage)
+            records["test"] = read_voxparadox_release(self.data_dir)
+            audio = {split: [read_wav(r["audio_path"], r["where"], resample=split == "test") for r in rs]
+                     for split, rs in records.items()}
+            self.task_names = sorted({r["task"] for rs in records.values() for r in rs})
         else:
             records = {split: read_question_file(os.path.join(self.data_dir, f"{split}.jsonl"), self.data_dir,
                                                  self.data_format) for split in ("train", "val", "test")}
@@ -513,14 +685,37 @@ class ParalinguisticSpeechDataModule(LightningDataModule):
         else:
             self.tokens = QuestionTokenizer(self.tokenizer_path, self.hparams.use_chat_template)
             self.tokens.check_letters(max(len(r["options"]) for rs in records.values() for r in rs),
-                                      records["train"][0])
+                                      (records.get("train") or records["test"])[0])
         self.vocab_size = self.tokens.vocab_size
         self.splits = {split: SpokenQuestions(records[split], audio[split], self.tokens, self.task_names)
                        for split in records}
 
+    def _training_layout(self) -> str:
+        return ("the VoxParadox release (data_dir) is a test set only, so fit and validate read your own questions: "
+                "set train_dir to a folder holding train.jsonl and val.jsonl, one question per line {\"audio\": "
+                "<wav path relative to train_dir, 16 kHz>, \"question\": ..., \"options\": [...], \"label\": <option "
+                "text or letter>, optional \"task\" and \"adv_label\"} (docs/pclm.md, Data).")
+
+    def _training_files(self, stage: str | None) -> dict[str, list[dict]]:
+        """The user's train/val questions (``train_dir``); missing ones stop ``fit`` / ``validate``."""
+        if self.train_dir is None:
+            if stage in ("fit", "validate"):
+                raise UserInputError(f"data_format=voxparadox, stage {stage}: no train_dir; "
+                                     f"{self._training_layout()}")
+            return {}
+        missing = [f"{split}.jsonl" for split in ("train", "val")
+                   if not os.path.isfile(os.path.join(self.train_dir, f"{split}.jsonl"))]
+        if missing:
+            raise UserInputError(f"train_dir '{self.train_dir}' lacks {' and '.join(missing)}; "
+                                 f"{self._training_layout()}")
+        return {split: read_question_file(os.path.join(self.train_dir, f"{split}.jsonl"), self.train_dir)
+                for split in ("train", "val")}
+
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         # epoch-seeded shuffling (exact resume: the order of epoch e depends only on seed and e); evaluation is
         # sharded without padding duplicates under DDP
+        if split not in self.splits:
+            raise UserInputError(f"data_format=voxparadox: there is no {split} split; {self._training_layout()}")
         dataset = self.splits[split]
         sampler = (training_sampler(len(dataset), self.hparams.seed, self.trainer) if shuffle
                    else evaluation_sampler(dataset, self.trainer))
@@ -544,4 +739,5 @@ class ParalinguisticSpeechDataModule(LightningDataModule):
 
 __all__ = ["ParalinguisticSpeechDataModule", "SpokenQuestions", "collate_spoken_questions", "read_wav",
            "QuestionTokenizer", "WordVocabulary", "render_question",
-           "read_question_file", "synthesise", "generate_items", "TASKS", "VALUES", "SENTENCES"]
+           "read_question_file", "read_voxparadox_release", "synthesise", "generate_items", "TASKS", "VALUES",
+           "SENTENCES"]

@@ -42,6 +42,14 @@ This module:
   (a local transformers causal LM fed ``inputs_embeds``).
 * Metrics: `OptionAgreement` (torchmetrics): Acc_GT = mean 1[prediction = true label], ALA = mean 1[prediction =
   the label the transcript asserts], per task and overall (paper Sec. 3); `MixingWeights`: mean alpha per task.
+  On the VoxParadox release ALA comes from each row's ``adversarial_labels`` (batch ``adv_options``): a question
+  may list several (the project page shows two for a vocal-range question), and a prediction equal to any of them
+  counts as following the transcript (our choice for such questions); release predictions add the row's ``id``,
+  the chosen option's text (``chosen_text``) and the ``adversarial_labels`` texts.
+* Predictions (``train.py predict``, one row per question): the task, the chosen option (its index among the
+  question's options) and its probability, the acoustic answer ``label`` and the transcript's ``adv_label``,
+  ``correct`` / ``follows_transcript`` (the paper's failure), every option's probability and, with PCLM, the
+  layer weights alpha; the pre-training stage writes each clip's sentence probabilities and its true sentence.
 
 RECONSTRUCTIONS and deviations:
 
@@ -324,7 +332,9 @@ class HFLanguageModel(nn.Module):
 
 # ============================================================================================ metrics
 class OptionAgreement(Metric):
-    """Mean 1[prediction == target] per task and overall; targets < 0 (no such label) are not counted.
+    """Mean 1[prediction == target] per task and overall; targets < 0 (no such label) are not counted. A 2-D
+    boolean target [B, K] is a set of options per example: a hit is 1[target[b, prediction[b]]], and examples with
+    an empty set are not counted (ALA with several adversarial labels).
 
     With the true labels this is Acc_GT, with the labels the transcript asserts it is ALA (paper Sec. 3).
     ``compute()`` returns ``{"all": value, "<task>": value, ...}`` (tasks that had no example are left out).
@@ -339,8 +349,12 @@ class OptionAgreement(Metric):
         self.add_state("total", torch.zeros(len(task_names), dtype=torch.long), dist_reduce_fx="sum")
 
     def update(self, prediction: torch.Tensor, target: torch.Tensor, task: torch.Tensor) -> None:
-        keep = (target >= 0) & (task >= 0)
-        hits = (prediction == target) & keep
+        if target.dim() == 2:                           # a set of options per example
+            keep = target.any(-1) & (task >= 0)
+            hits = target.gather(1, prediction.clamp(min=0)[:, None]).squeeze(1) & keep
+        else:
+            keep = (target >= 0) & (task >= 0)
+            hits = (prediction == target) & keep
         self.correct += torch.zeros_like(self.correct).index_add_(0, task[keep], hits[keep].long())
         self.total += torch.bincount(task[keep], minlength=len(self.task_names))
 
@@ -459,6 +473,11 @@ class SpeechContentPretraining(PaperModule):
 
     def predict_step(self, batch, batch_idx, dataloader_idx=0):
         return {"content_probs": self(batch).softmax(-1)}
+
+    def prediction_fields(self, outputs, batch) -> dict:
+        """Per clip: its true sentence id (``content``, -1 unknown) and the sentence probabilities (the table adds
+        ``content_predicted_class``)."""
+        return {"content": batch["content"], **outputs}
 
 
 class AudioLanguageModel(PaperModule):
@@ -631,7 +650,7 @@ class AudioLanguageModel(PaperModule):
         prediction = logprobs.argmax(-1)
         self.log(f"{split}/loss", F.nll_loss(logprobs, batch["label"]), batch_size=len(prediction), sync_dist=True)
         self.acc_gt[split].update(prediction, batch["label"], batch["task"])
-        self.ala[split].update(prediction, batch["adv_label"], batch["task"])
+        self.ala[split].update(prediction, batch.get("adv_options", batch["adv_label"]), batch["task"])
         if alpha is not None and split == "test":
             self.alpha_by_task.update(alpha, batch["task"])
 
@@ -672,3 +691,27 @@ class AudioLanguageModel(PaperModule):
         if alpha is not None:
             out["alpha"] = alpha
         return out
+
+    def prediction_fields(self, outputs, batch) -> dict:
+        """Per question: task name, chosen option (index among its options) and its probability, the acoustic
+        answer (``label``) and the transcript's (``adv_label``, -1 unknown), ``correct`` and
+        ``follows_transcript``, then every option's probability and (PCLM) the layer weights ``alpha``."""
+        probs, chosen = outputs["option_probs"], outputs["prediction"]
+        label, adv = batch["label"].to(chosen.device), batch["adv_label"].to(chosen.device)
+        names = self.task_names
+        fields = {"task": [names[t] if 0 <= t < len(names) else "unknown" for t in batch["task"].tolist()],
+                  "chosen": chosen, "chosen_prob": probs.gather(1, chosen[:, None]).squeeze(1),
+                  "label": label, "adv_label": adv, "correct": (chosen == label).long(),
+                  "follows_transcript": ((chosen == adv) & (adv >= 0)).long(), "option_probs": probs}
+        if "adv_options" in batch:        # every adversarial label (the VoxParadox release may list several)
+            fields["follows_transcript"] = batch["adv_options"].to(chosen.device).gather(
+                1, chosen[:, None]).squeeze(1).long()
+        if "id" in batch:                 # the release: its question id, the chosen and the adversarial texts
+            texts = batch["option_texts"]
+            fields["id"] = list(batch["id"])
+            fields["chosen_text"] = [texts[i][c] for i, c in enumerate(chosen.tolist())]
+            fields["adversarial_labels"] = [[texts[i][k] for k in row.nonzero().flatten().tolist()]
+                                            for i, row in enumerate(batch["adv_options"])]
+        if "alpha" in outputs:
+            fields["alpha"] = outputs["alpha"]
+        return fields

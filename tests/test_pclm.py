@@ -231,26 +231,20 @@ def test_a_label_not_among_the_options_is_one_clear_error(tmp_path):
         read_question_file(str(tmp_path / "test.jsonl"), str(tmp_path), "jsonl")
 
 
-@pytest.mark.parametrize("layout", ["jsonl", "voxparadox"])
-def test_loaders_read_both_layouts(tmp_path, layout):
+def test_loaders_read_the_generic_layout(tmp_path):
+    # the VoxParadox release (data_format: voxparadox) is tested in tests/test_voxparadox_release.py
     for name in ("a", "b"):
         _write_wav(tmp_path / f"{name}.wav")
     for split in ("train", "val", "test"):
-        if layout == "jsonl":
-            rows = [{"audio": "a.wav", "question": "how fast is it", "options": ["slow", "fast"], "label": "fast",
-                     "task": "speed"},
-                    {"audio": "b.wav", "question": "what pitch", "options": ["low", "high"], "label": "A"}]
-        else:
-            rows = [{"task": "speed", "audio": "a.wav", "question": "how fast is it",
-                     "options": {"A": "slow", "B": "fast"}, "true_label": "B", "adversarial_label": "slow"},
-                    {"task": "pitch", "audio": "b.wav", "question": "what pitch", "options": ["low", "high"],
-                     "true_label": "low", "adversarial_label": "high"}]
+        rows = [{"audio": "a.wav", "question": "how fast is it", "options": ["slow", "fast"], "label": "fast",
+                 "task": "speed"},
+                {"audio": "b.wav", "question": "what pitch", "options": ["low", "high"], "label": "A"}]
         (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    data = ParalinguisticSpeechDataModule(data_dir=str(tmp_path), data_format=layout, batch_size=2)
+    data = ParalinguisticSpeechDataModule(data_dir=str(tmp_path), data_format="jsonl", batch_size=2)
     data.setup("fit")
     batch = next(iter(data.test_dataloader()))
     assert batch["label"].tolist() == [1, 0]
-    assert batch["adv_label"].tolist() == ([-1, -1] if layout == "jsonl" else [0, 1])
+    assert batch["adv_label"].tolist() == [-1, -1]
     assert batch["waveform"].shape == (2, 8000) and (batch["attributes"] == -1).all()
     model = tiny_model()
     assert model.option_logprobs(batch)[0].shape == (2, 2)
