@@ -130,15 +130,25 @@ def check_checkpoint_fits_model(resume: dict | None, model: LightningModule) -> 
 
 
 def written_checkpoints(trainer: Trainer) -> list[str]:
-    """One line per checkpoint a fit wrote: the best (with its monitored score) and the last."""
-    lines = []
+    """One line per checkpoint file a fit wrote, once each: a monitored ModelCheckpoint's best file (with its score)
+    and its ``save_last`` copy, an unmonitored one's file (it keeps the latest save: "last" when it saves every epoch
+    or validation, "periodic" when it saves on a step or time interval)."""
+    lines: list[str] = []
+
+    def add(line: str) -> None:
+        if line not in lines:
+            lines.append(line)
+
     for callback in trainer.checkpoint_callbacks:
         if not isinstance(callback, ModelCheckpoint):
             continue
-        if callback.best_model_path:
+        if callback.best_model_path and callback.monitor:
             score = callback.best_model_score
-            scored = f" ({callback.monitor} = {float(score):.4g})" if callback.monitor and score is not None else ""
-            lines.append(f"best checkpoint: {callback.best_model_path}{scored}")
+            scored = f" ({callback.monitor} = {float(score):.4g})" if score is not None else ""
+            add(f"best checkpoint: {callback.best_model_path}{scored}")
+        elif callback.best_model_path:
+            kind = "last" if callback.every_n_epochs else "periodic"
+            add(f"{kind} checkpoint: {callback.best_model_path}")
         if callback.last_model_path:
-            lines.append(f"last checkpoint: {callback.last_model_path}")
+            add(f"last checkpoint: {callback.last_model_path}")
     return lines

@@ -54,6 +54,12 @@ def _declared_prerequisites() -> dict[str, str]:
 
 PREREQUISITES = _declared_prerequisites()
 
+# Warm-up steps of the prerequisite the harness fits for a config, where 2 steps do not suffice. DARS takes an
+# optimiser step only on a batch with a mixed group (some rollouts right, some wrong); after a 2-step warm-up nearly
+# every rollout is wrong, so a fit waits hundreds of rollout batches for a lucky one (minutes per test). After 200
+# warm-up steps mixed groups are common and a few-step fit takes its steps within its first batches.
+HARNESS_WARM_UP_STEPS = {"configs/dars/quick.yaml": 200, "configs/dars/breadth_quick.yaml": 200}
+
 
 def _logger_levels() -> dict[str, int]:
     return {name: logger.level for name, logger in logging.Logger.manager.loggerDict.items()
@@ -113,12 +119,14 @@ def prerequisite_checkpoints(tmp_path_factory):
     return get
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def prerequisite_args(prerequisite_checkpoints):
-    """Extra CLI args a config needs (its prerequisite's checkpoint), as a function of the config."""
-    def args_for(config: str, steps: int = 2) -> list[str]:
+    """Extra CLI args a config needs (its prerequisite's checkpoint), as a function of the config; the prerequisite
+    is fitted for `steps` steps (by default 2, or the config's entry in HARNESS_WARM_UP_STEPS)."""
+    def args_for(config: str, steps: int | None = None) -> list[str]:
         if config not in PREREQUISITES:
             return []
+        steps = HARNESS_WARM_UP_STEPS.get(config, 2) if steps is None else steps
         return [f"--model.init_args.init_from={prerequisite_checkpoints(PREREQUISITES[config], steps)}"]
 
     return args_for
@@ -172,7 +180,7 @@ class ScriptedScores(LightningModule):
 
 @functools.cache
 def checkpoint_writers() -> dict[str, str]:
-    """``{checkpoint path: quick config}`` for the ``last.ckpt`` each quick config's ModelCheckpoint writes (read
+    """``{checkpoint path: quick config}`` for the ``best.ckpt``/``last.ckpt`` each quick config writes (read
     from the file, its ``${...}`` interpolations resolved as the CLI's omegaconf mode does)."""
     from omegaconf import OmegaConf
 
@@ -182,7 +190,10 @@ def checkpoint_writers() -> dict[str, str]:
         callbacks = (written.get("trainer") or {}).get("callbacks") or []
         for callback in callbacks:
             args = callback.get("init_args") or {}
-            if callback.get("class_path", "").endswith("ModelCheckpoint") and args.get("save_last") and \
-                    args.get("dirpath"):
+            if not callback.get("class_path", "").endswith("ModelCheckpoint") or not args.get("dirpath"):
+                continue
+            if args.get("filename") in ("best", "last"):
+                writers[f"{args['dirpath']}/{args['filename']}.ckpt"] = config
+            if args.get("save_last"):
                 writers[f"{args['dirpath']}/last.ckpt"] = config
     return writers

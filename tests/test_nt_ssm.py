@@ -523,7 +523,7 @@ def test_two_process_ddp_gives_the_same_ranking_metrics_as_one_process(tmp_path)
 
     quick = config_path("configs/nt_ssm/quick.yaml")
     fit = run_cli("fit", "--config", quick, "--trainer.max_epochs=2", *QUICK_ARGS)
-    ckpt = fit.trainer.checkpoint_callback.last_model_path
+    ckpt = f"{fit.trainer.checkpoint_callback.dirpath}/last.ckpt"  # the end of the run (best.ckpt: the best)
     results = {}
     for devices, strategy in ((1, "auto"), (2, "ddp_spawn")):
         cli = run_cli("validate", "--config", quick, f"--ckpt_path={ckpt}", f"--trainer.devices={devices}",
@@ -542,7 +542,7 @@ def test_resume_after_epoch_one_equals_an_uninterrupted_fit(tmp_path):
               "--trainer.deterministic=true", *QUICK_ARGS]
     straight = run_cli("fit", *common, "--trainer.max_epochs=2")
     first = run_cli("fit", *common, "--trainer.max_epochs=1")
-    ckpt = first.trainer.checkpoint_callback.last_model_path
+    ckpt = f"{first.trainer.checkpoint_callback.dirpath}/last.ckpt"
     resumed = run_cli("fit", *common, "--trainer.max_epochs=2", f"--ckpt_path={ckpt}")
     assert resumed.trainer.current_epoch == straight.trainer.current_epoch == 2
     for key, value in straight.model.state_dict().items():
