@@ -132,19 +132,28 @@ def markdown(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def sweep_command(argv: list[str]) -> int:
-    """``icml26 sweep FILE [--count N] [--out DIR] [-- extra train.py flags]``."""
-    extra = []
+def split_trial_flags(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the command's own arguments, the flags after ``--`` that go to every trial)."""
     if "--" in argv:
         cut = argv.index("--")
-        argv, extra = argv[:cut], argv[cut + 1:]
+        return argv[:cut], argv[cut + 1:]
+    return list(argv), []
+
+
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="icml26 sweep", description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep_file")
     parser.add_argument("--count", type=int, default=10, help="the most trials to run (a grid may end sooner)")
     parser.add_argument("--out", type=Path, default=None, help="where trial metrics and sweep.json go")
-    options = parser.parse_args(argv)
+    return parser
+
+
+def sweep_command(argv: list[str]) -> int:
+    """``icml26 sweep FILE [--count N] [--out DIR] [-- extra train.py flags]``."""
+    argv, extra = split_trial_flags(argv)
+    options = parser().parse_args(argv)
     if options.count < 1:
-        parser.error("--count must be at least 1")
+        parser().error("--count must be at least 1")
     out = options.out or Path(tempfile.mkdtemp(prefix="icml26-sweep-"))
     try:
         summary = run_sweep(options.sweep_file, options.count, out, extra)
