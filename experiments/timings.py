@@ -54,6 +54,29 @@ def documented_commands(doc: str, root: Path = kit.REPO_ROOT) -> list[list[str]]
             if part.split()[:1] and part.split()[0] in ("python", "wandb", "pip", "icml26", "bash", "sh")]
 
 
+OWN_DATA_HEADING = "## Your own data"
+
+
+def own_data_section(text: str) -> str:
+    """The ``## Your own data`` section of a page's markdown (up to the next ``## `` heading; "" without one)."""
+    start = text.find(f"\n{OWN_DATA_HEADING}\n")
+    if start < 0:
+        return ""
+    end = text.find("\n## ", start + len(OWN_DATA_HEADING) + 2)
+    return text[start:] if end < 0 else text[start:end]
+
+
+def own_data_commands(doc: str, root: Path = kit.REPO_ROOT) -> list[list[str]]:
+    """The documented commands of ``doc``'s ``## Your own data`` section: they train on files the page's own
+    examples write, so ``tests/test_your_own_data.py`` runs them (not the timings or the docs-command test)."""
+    section = own_data_section((root / doc).read_text())
+    if not section:
+        return []
+    with tempfile.TemporaryDirectory() as scratch:
+        (Path(scratch) / "section.md").write_text(section)
+        return documented_commands("section.md", root=Path(scratch))
+
+
 def documented_comments(doc: str, root: Path = kit.REPO_ROOT) -> list[str]:
     """The ``# ...`` comments on the command lines of the fenced blocks of ``doc``."""
     return [line.split("#", 1)[1].strip() for line in _fenced_lines(doc, root)
@@ -66,9 +89,12 @@ def is_timed_training_command(words: list[str]) -> bool:
 
 
 def experiment_script(words: list[str]) -> str | None:
-    """``knapsack_rl`` for ``python -m experiments.knapsack_rl ...``; None for any other command."""
+    """``knapsack_rl`` for ``python -m experiments.knapsack_rl ...`` (or ``python -m experiments knapsack_rl ...``,
+    the experiment runner); None for any other command."""
     if words[:2] == ["python", "-m"] and len(words) > 2 and words[2].startswith("experiments."):
         return words[2].split(".", 1)[1]
+    if words[:3] == ["python", "-m", "experiments"] and len(words) > 3 and not words[3].startswith("-"):
+        return words[3]
     return None
 
 
@@ -90,8 +116,8 @@ def run_timed(words: list[str], cwd: Path, timeout: float) -> dict:
 
 def documented_training_commands(pages: list[str] | None = None) -> dict[str, list[list[str]]]:
     """``{page: its timed training commands}`` (all pages, or ``pages``, in page order)."""
-    return {doc: [words for words in documented_commands(doc) if is_timed_training_command(words)]
-            for doc in doc_files() if pages is None or doc in pages}
+    return {doc: [words for words in documented_commands(doc) if is_timed_training_command(words)
+                  and words not in own_data_commands(doc)] for doc in doc_files() if pages is None or doc in pages}
 
 
 def measure_commands(smoke: bool, timeout: float, pages: list[str] | None = None) -> dict[str, dict]:

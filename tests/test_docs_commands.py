@@ -12,9 +12,14 @@ documented command can go stale.
   ``test_fast_dev_run`` runs for every quick config, so here it only has to name a quick config.
 * ``python -m experiments.<script> ...``: the script exists and its documented flags parse (the script's argument
   parser runs; nothing else does). Every script's ``--smoke`` run is in ``tests/test_experiments.py``.
+* ``python -m experiments NAME ...`` (the experiment runner): the flags parse and ``configs/NAME/experiment.yaml``
+  loads and validates; its ``--smoke`` run is in ``tests/test_experiments.py``.
 * ``wandb sweep <file>``: the file is one of the sweep files that ``tests/test_configs.py`` validates.
 * A command that uses a checkpoint names one that an earlier command of the same page writes, so a reader who runs
   the page top to bottom has it.
+
+* Commands of a page's ``## Your own data`` section are run by ``tests/test_your_own_data.py`` (they need the
+  files the section's examples write).
 
 Anything else fails, unless listed in ``NOT_RUN`` with the reason.
 """
@@ -29,7 +34,8 @@ import shlex
 
 import pytest
 
-from experiments.timings import doc_files, documented_commands
+from experiments.timings import doc_files, documented_commands, own_data_commands
+from icml26 import commands as collection_commands
 from conftest import (PREREQUISITES, QUICK_CONFIGS, REPO, SWEEP_FILES, ParseOnlyCLI,
                       checkpoint_writers, config_path, run_cli)
 
@@ -45,7 +51,10 @@ NOT_RUN = {
 }
 
 
-COMMANDS = [(doc, " ".join(words)) for doc in DOC_FILES for words in documented_commands(doc)]
+# a page's "## Your own data" commands train on the files its own examples write (absent here): they are run by
+# tests/test_your_own_data.py, which writes those files first
+COMMANDS = [(doc, " ".join(words)) for doc in DOC_FILES for words in documented_commands(doc)
+            if words not in own_data_commands(doc)]
 
 
 
@@ -56,7 +65,7 @@ def _checkpoint_values(args: list[str]) -> list[tuple[int, str, str]]:
     for i, arg in enumerate(args):
         if arg.startswith("--") and "=" in arg and arg.endswith(".ckpt"):
             found.append((i, arg.split("=", 1)[0], arg.split("=", 1)[1]))
-        elif arg.startswith("--") and i + 1 < len(args) and args[i + 1].endswith(".ckpt"):
+        elif arg.startswith("--") and "=" not in arg and i + 1 < len(args) and args[i + 1].endswith(".ckpt"):
             found.append((i + 1, arg, args[i + 1]))
     return found
 
@@ -87,15 +96,43 @@ def test_documented_command(doc, command, prerequisite_checkpoints, prerequisite
         return
     if re.search(r"<[a-z_]+>|/path/to/", command):
         pytest.fail(f"{doc}: `{command}` has a placeholder; make it runnable or list it in NOT_RUN with the reason")
-    if words[:2] == ["python", "train.py"] or words[0] == "icml26":  # icml26: the installed train.py
+    head = words[1] if words[0] == "icml26" else (words[2] if words[:2] == ["python", "train.py"] else None)
+    if head in collection_commands.COMMANDS:
+        _check_collection_command(doc, command, head, words[1 if words[0] == "icml26" else 2:][1:])
+    elif words[:2] == ["python", "train.py"] or words[0] == "icml26":  # icml26: the installed train.py
         _check_train_command(doc, command, words[1 if words[0] == "icml26" else 2:], prerequisite_checkpoints,
                              prerequisite_args)
     elif words[:2] == ["python", "-m"] and words[2].startswith("experiments."):
         _check_experiment_command(words[2], [w.strip("[]") for w in words[3:]], monkeypatch)  # [--optional]
+    elif words[:3] == ["python", "-m", "experiments"]:
+        from experiments import runner
+
+        args = runner.parser().parse_args([w.strip("[]") for w in words[3:]])
+        runner.load_spec(args.name, smoke=args.smoke)  # a missing or invalid experiment.yaml fails here
     elif words[:2] == ["wandb", "sweep"]:
         assert len(words) == 3 and words[2] in SWEEP_FILES, f"{doc}: `{command}` names no sweep file"
     else:
         pytest.fail(f"{doc}: `{command}` is neither run nor listed in NOT_RUN with a reason")
+
+
+def _check_collection_command(doc, command, name, argv):
+    """``icml26 papers|claims`` run (they only read files); ``icml26 sweep`` and ``icml26 experiment`` parse and
+    validate their file (their runs are in tests/test_sweep.py and tests/test_experiments.py)."""
+    if name in ("papers", "claims"):
+        with contextlib.redirect_stdout(io.StringIO()):
+            assert collection_commands.run_command(name, argv) == 0, f"{doc}: `{command}`"
+    elif name == "sweep":
+        from icml26 import sweep
+
+        own, _ = sweep.split_trial_flags(argv)
+        options = sweep.parser().parse_args(own)
+        assert options.sweep_file in SWEEP_FILES, f"{doc}: `{command}` names no sweep file"
+        sweep.read_sweep(REPO / options.sweep_file)
+    else:
+        from experiments import runner
+
+        args = runner.parser().parse_args([w.strip("[]") for w in argv])
+        runner.load_spec(args.name, smoke=args.smoke)
 
 
 def _check_train_command(doc, command, args, prerequisite_checkpoints, prerequisite_args):
@@ -146,11 +183,14 @@ def test_checkpoints_are_written_earlier_on_the_same_page():
     config writing a ``.ckpt`` it names) was fitted by an earlier command of the page."""
     for doc in DOC_FILES:
         fitted: set[str] = set()
+        own_data = own_data_commands(doc)  # their chain runs for real in tests/test_your_own_data.py
         for words in documented_commands(doc):
             command = " ".join(words)
-            if words[:2] != ["python", "train.py"] and words[0] != "icml26":
+            if (words[:2] != ["python", "train.py"] and words[0] != "icml26") or words in own_data:
                 continue
             args = words[1 if words[0] == "icml26" else 2:]
+            if args and args[0] in collection_commands.COMMANDS:
+                continue
             configs = _configs(args)
             needed = {checkpoint_writers().get(path, path) for _, _, path in _checkpoint_values(args)}
             if not any(a.startswith("--model.init_args.init_from") for a in args):
