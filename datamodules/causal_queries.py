@@ -609,11 +609,14 @@ def _read_queries(path: Path) -> list[dict]:
             items = next((v for v in items.values() if isinstance(v, list)), [])
     elif path.suffix == ".csv":
         try:
-            items = pd.read_csv(path).to_dict("records")
-        except UnicodeDecodeError:
-            items = pd.read_csv(path, encoding="latin1").to_dict("records")
-        except Exception as err:
-            raise UserInputError(f"could not read the query file {path}: {one_line(err)}") from None
+            try:
+                items = pd.read_csv(path).to_dict("records")
+            except UnicodeDecodeError:  # a latin-1 file, read as `_read_table` reads one
+                items = pd.read_csv(path, encoding="latin1").to_dict("records")
+        except (ValueError, OSError) as err:  # pandas' ParserError (a row with extra fields), EmptyDataError, ...
+            raise UserInputError(f"could not read the query file {path} as CSV ({type(err).__name__}: "
+                                 f"{one_line(err)}); fix the line it names, or pass the benchmark's own query "
+                                 "file.") from None
     else:
         raise UserInputError(f"query file {path} is neither .json nor .csv; pass one of the benchmark's query files "
                              "(v2 metadata_csv/real_input.csv, metadata_json/real_input.json; v1 json/real_data.json).")

@@ -181,14 +181,15 @@ class CausalInferenceAgent(PaperModule):
     def predict_step(self, batch, batch_idx):
         """Selector batches ``(features, labels)``: the method probabilities. Query batches (the predict loader):
         each query answered as in `test_step` (its record, failure message included, appended to ``records``):
-        chosen method index (-1: none), estimate (NaN on failure), reference, capped and uncapped relative error
-        and, for the learned selector, the method probabilities."""
+        chosen method index (-1: none), ``failed``, estimate (0 where failed), reference, capped and uncapped
+        relative error and, for the learned selector, the method probabilities."""
         if isinstance(batch, (list, tuple)) and isinstance(batch[0], torch.Tensor):
             return {"method_probs": self(batch[0].to(self.device)).softmax(-1)}
         records = [self.answer(query) for query in batch]
         self.records.extend(records)
         out = {"method": torch.tensor([METHODS.index(r["method"]) if r["method"] in METHODS else -1 for r in records]),
-               "estimate": torch.tensor([math.nan if r["estimate"] is None else r["estimate"] for r in records],
+               "failed": torch.tensor([r["estimate"] is None for r in records]),
+               "estimate": torch.tensor([0.0 if r["estimate"] is None else r["estimate"] for r in records],
                                         dtype=torch.float64),
                "reference": torch.tensor([r["reference"] for r in records], dtype=torch.float64),
                "error": torch.tensor([r["error"] for r in records], dtype=torch.float64),

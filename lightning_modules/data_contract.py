@@ -98,6 +98,14 @@ class FaceIdentityData(Protocol):
     num_train_identities: int
 
 
+@runtime_checkable
+class GeoRetrievalData(Protocol):
+    """Cross-view retrieval (`datamodules.geo_localization.GeoLocalizationDataModule`; InfoGeo): ``predict`` ranks the
+    query images of the predict loader against the gallery this loader yields, whole, on every process."""
+
+    def gallery_dataloader(self) -> DataLoader: ...
+
+
 # ============================================================================================ sequences of tokens
 @runtime_checkable
 class TokenizedData(Protocol):

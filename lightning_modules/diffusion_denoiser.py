@@ -58,6 +58,10 @@ def load_diffusers_unet(path: str) -> nn.Module:
         raise UserInputError(f"denoiser_path '{path}' could not be loaded as a UNet2DModel: {err}") from None
 
 
+NO_TEST_STAGE = ("DiffusionDenoiser has no test stage: the toy distributions have no test split and its held-out "
+                 "denoising loss is val/loss; use `validate` (or `predict` for DDIM samples).")
+
+
 class DiffusionDenoiser(PaperModule):
     """DDPM eps-prediction model (the pretrained prior that Spectral Guidance steers).
 
@@ -117,6 +121,14 @@ class DiffusionDenoiser(PaperModule):
         loss = self._loss(batch[0])
         self.log("train/loss", loss, prog_bar=True)
         return loss
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        if stage == "test":
+            raise UserInputError(NO_TEST_STAGE)
+
+    def test_step(self, batch, batch_idx):
+        raise UserInputError(NO_TEST_STAGE)  # `setup("test")` refuses first; defined so that the refusal is ours
 
     def validation_step(self, batch, batch_idx):
         loss = self._loss(batch[0], torch.Generator().manual_seed(batch_idx))

@@ -213,6 +213,11 @@ def check_dims(module, obs_dim: int, action_dim: int) -> None:
                               "for {model}; set model.init_args.{name}={data} and retrain the ensemble on this data.")
 
 
+NO_TEST_STAGE = ("DynamicsEnsemble has no test stage: its held-out error (val/mse, which also picks the elites) "
+                 "is measured on the validation transitions; use `validate` (or `predict` for next-state "
+                 "predictions).")
+
+
 class DynamicsEnsemble(PaperModule):
     """Stage 1: fit the Gaussian dynamics ensemble on the offline data (see the module docstring).
 
@@ -245,6 +250,8 @@ class DynamicsEnsemble(PaperModule):
     def setup(self, stage: str) -> None:
         check_dims(self, self.hparams.obs_dim, self.hparams.action_dim)
         super().setup(stage)
+        if stage == "test":
+            raise UserInputError(NO_TEST_STAGE)
         if stage == "fit":
             self.dataset_identity = self.data_value(OfflineRLData, "dataset_identity", self.dataset_identity)
         data = self.attached_data(OfflineRLData)
@@ -296,6 +303,9 @@ class DynamicsEnsemble(PaperModule):
             self.ensemble.elite_mask[elites] = True
         self.log("val/mse", mse[elites].mean(), prog_bar=True)
         self.log("val/mse_all_members", mse.mean())
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        raise UserInputError(NO_TEST_STAGE)  # `setup("test")` refuses first; defined so that the refusal is ours
 
     def predict_step(self, batch: dict[str, Tensor], batch_idx: int = 0) -> dict[str, Tensor]:
         """Mean over the members of the predicted next state and raw reward, with the done probability."""

@@ -68,6 +68,18 @@ class EmotionWordData(Protocol):
 
 
 # --------------------------------------------------------------------------------------------- tree math
+def word_token_map(tokenizer, words: list[str], vocab: int) -> torch.Tensor:
+    """[vocab] token id -> index of the emotion word it spells (-1: none); a word counts when ``encode(word)`` or
+    ``encode(" " + word)`` is a single token (both map to the word, as decoding and stripping does)."""
+    word_of_token = torch.full((vocab,), -1, dtype=torch.long)
+    for i, word in enumerate(words):
+        for variant in (word, " " + word):
+            ids = tokenizer.encode(variant)
+            if len(ids) == 1 and 0 <= ids[0] < vocab:
+                word_of_token[ids[0]] = i
+    return word_of_token
+
+
 def emotion_distribution(probs: torch.Tensor, word_of_token: torch.Tensor, num_words: int, top_k: int = 100,
                          pair_k: int = 20, allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row of next-token ``probs`` [B, V]: the renormalised emotion-word distribution [B, K] over the words
@@ -320,14 +332,8 @@ class EmotionProbe(PaperModule):
                    category_names: list[str], reference_edges: list | None = None) -> None:
         """Map the emotion words to single token ids of ``tokenizer`` and build the metrics."""
         vocab = getattr(self.policy, "vocab_size", None) or tokenizer.vocab_size
-        word_of_token = torch.full((vocab,), -1, dtype=torch.long)
-        single = set()
-        for i, word in enumerate(words):
-            for variant in (word, " " + word):
-                ids = tokenizer.encode(variant)
-                if len(ids) == 1 and 0 <= ids[0] < vocab:
-                    word_of_token[ids[0]] = i
-                    single.add(i)
+        word_of_token = word_token_map(tokenizer, words, vocab)
+        single = set(word_of_token[word_of_token >= 0].tolist())
         if not single:
             raise UserInputError("EmotionProbe: no emotion word is a single token of this tokenizer, so the probe "
                                  "would read nothing; use a model whose tokenizer has whole-word tokens.")

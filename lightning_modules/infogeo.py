@@ -54,6 +54,12 @@ pretrained encoder is available offline.
 
 Length: one paper's model read top to bottom (slot attention, decoder, CACS, CSRR, fusion, aggregator and the
 exact retrieval metric each depend on the previous); the data lives in `datamodules/geo_localization.py`.
+
+Predictions (``train.py predict``): the datamodule's satellite gallery (`GeoRetrievalData.gallery_dataloader`) is
+encoded once at the start of the run, then every drone query of the predict loader is ranked against it by cosine
+similarity, as in evaluation. Per query: its location id, the location ids and scores of its ``predict_top_k`` best
+gallery images (``top_locations_0`` is the best), their gallery indices, and ``match_rank``, the 0-based rank of the
+first gallery image of its own location (-1 when the gallery has none; gallery ids -1, junk, are never ranked).
 """
 from __future__ import annotations
 
@@ -68,6 +74,7 @@ from torch import Tensor, nn
 from torchmetrics import Metric
 
 from lightning_modules.base import PaperModule
+from lightning_modules.data_contract import GeoRetrievalData
 from lightning_modules.errors import UserInputError, check_range
 
 __all__ = ["InfoGeo", "GeoRetrieval", "SlotAttention", "RandomOrderDecoder", "ConceptSelection", "SlotFusion",
@@ -474,6 +481,7 @@ class InfoGeo(PaperModule):
         csrr_rank: r (at most num_slots). fusion_alpha: alpha of the FiLM fusion.
         agg_channels / agg_rows / agg_depth: MixVPR sizes (descriptor = agg_channels * agg_rows).
         rec_weight / cacs_weight / struct_weight: loss weights. label_smoothing / logit_scale_init: InfoNCE.
+        predict_top_k: gallery matches written per query by ``predict`` (10: the paper's largest Recall@k).
     """
 
     def __init__(self, encoder: str = "small_cnn", encoder_weights: str | None = None, freeze_encoder: bool = True,
@@ -484,7 +492,7 @@ class InfoGeo(PaperModule):
                  csrr_rank: int = 4, fusion_alpha: float = 0.8,
                  agg_channels: int = 64, agg_rows: int = 4, agg_depth: int = 2,
                  rec_weight: float = 0.05, cacs_weight: float = 0.1, struct_weight: float = 0.1,
-                 label_smoothing: float = 0.1, logit_scale_init: float = 1 / 0.07,
+                 label_smoothing: float = 0.1, logit_scale_init: float = 1 / 0.07, predict_top_k: int = 10,
                  optimizer: OptimizerCallable = torch.optim.AdamW, lr_scheduler: LRSchedulerCallable | None = None,
                  init_from: str | None = None, init_from_trusted: bool = False) -> None:
         super().__init__(optimizer=optimizer, lr_scheduler=lr_scheduler, init_from=init_from,
@@ -493,7 +501,7 @@ class InfoGeo(PaperModule):
                             ("decoder_dim", decoder_dim), ("decoder_layers", decoder_layers),
                             ("decoder_heads", decoder_heads), ("cacs_heads", cacs_heads), ("csrr_rank", csrr_rank),
                             ("agg_channels", agg_channels), ("agg_rows", agg_rows), ("image_size", image_size),
-                            ("cnn_channels", cnn_channels)):
+                            ("cnn_channels", cnn_channels), ("predict_top_k", predict_top_k)):
             check_range(name, value, 1)
         check_range("agg_depth", agg_depth, 0)
         check_range("fusion_alpha", fusion_alpha, 0.0, 1.0)
@@ -531,6 +539,7 @@ class InfoGeo(PaperModule):
         self.aggregator = MixVPRAggregator(channels, positions, agg_channels, agg_rows, agg_depth)
         self.logit_scale = nn.Parameter(torch.tensor(math.log(logit_scale_init)))
         self.val_retrieval, self.test_retrieval = GeoRetrieval(), GeoRetrieval()
+        self.gallery: tuple[Tensor, Tensor] | None = None  # (descriptors, location ids), during a predict run
 
     # ------------------------------------------------------------------------------------------ pieces
     def train(self, mode: bool = True):
@@ -621,12 +630,48 @@ class InfoGeo(PaperModule):
     def on_test_epoch_end(self) -> None:
         self._log_retrieval(self.test_retrieval, "test")
 
+    def on_predict_start(self) -> None:
+        """Encode the whole gallery once (every process encodes all of it; queries are sharded)."""
+        data = self.attached_data(GeoRetrievalData)
+        if data is None:
+            raise UserInputError("InfoGeo predict ranks drone queries against a satellite gallery: attach a datamodule "
+                                 "with a gallery_dataloader (GeoLocalizationDataModule).")
+        descriptors, ids = [], []
+        with torch.no_grad():
+            for images, locations, _ in data.gallery_dataloader():
+                descriptors.append(self.encode(images.to(self.device)))
+                ids.append(locations.to(self.device))
+        if not descriptors:
+            raise UserInputError("InfoGeo predict: the gallery is empty; the test source needs satellite images.")
+        descriptors, ids = torch.cat(descriptors), torch.cat(ids).long()
+        keep = ids != -1  # junk gallery images are never ranked (as in `retrieval_metrics`)
+        self.gallery = (descriptors[keep], ids[keep])
+
+    def on_predict_end(self) -> None:
+        self.gallery = None
+
     def predict_step(self, batch, batch_idx, dataloader_idx: int = 0):
+        """Query descriptors and, in a predict run (gallery encoded by `on_predict_start`), each query's
+        ``predict_top_k`` gallery matches: location ids, cosine scores, gallery indices and ``match_rank``."""
         images = batch[0] if isinstance(batch, (list, tuple)) else batch
-        return self.encode(images)
+        descriptors = self.encode(images)
+        out = {"descriptor": descriptors}
+        if isinstance(batch, (list, tuple)) and len(batch) == 3:
+            out["location"] = batch[1]
+        if self.gallery is None:
+            return out
+        gallery, gallery_ids = self.gallery
+        sims = F.normalize(descriptors.float(), dim=-1) @ F.normalize(gallery.float(), dim=-1).T
+        k = min(self.hparams.predict_top_k, len(gallery_ids))
+        scores, index = sims.topk(k, dim=1)
+        out.update(top_locations=gallery_ids[index], top_scores=scores, top_gallery=index)
+        if "location" in out:
+            order = sims.argsort(dim=1, descending=True, stable=True)
+            good = gallery_ids[order] == out["location"][:, None].long()
+            out["match_rank"] = torch.where(good.any(1), good.float().argmax(1), -1)
+        return out
 
     def prediction_fields(self, outputs, batch):
-        fields = {"descriptor": outputs}
-        if isinstance(batch, (list, tuple)) and len(batch) == 3:
-            fields.update(location=batch[1], is_query=batch[2])
-        return fields
+        """Per query: location, top-k gallery locations / scores / indices and ``match_rank``; the descriptor
+        only in ``predictions.pt`` (``--model.init_args.predict_top_k`` sets k)."""
+        return dict(outputs)

@@ -147,6 +147,10 @@ class TwinQ(nn.Module):
 
 
 # ============================================================================================ the module
+NO_TEST_STAGE = ("OfflineModelBasedRL has no test stage: its evaluation is online (the OfflineEvaluation callback "
+                 "during fit/validate); use `validate` (or `predict` for the policy's actions).")
+
+
 class OfflineModelBasedRL(PaperModule):
     """Stage 2 of PhyB (and the MOPO / PMDB / mean-ensemble targets with the same actor-critic); see the module
     docstring. ``optimizer`` is the critic's (Adam 3e-4 in the code), ``actor_optimizer`` the actor's (Adam 3e-5).
@@ -221,6 +225,8 @@ class OfflineModelBasedRL(PaperModule):
         h = self.hparams
         check_dims(self, h.obs_dim, h.action_dim)
         super().setup(stage)
+        if stage == "test":
+            raise UserInputError(NO_TEST_STAGE)
         report = self.init_from_report or {}
         bad = [k for k in report.get("shape_mismatch", []) if k.startswith("ensemble.")]
         if bad:
@@ -409,6 +415,9 @@ class OfflineModelBasedRL(PaperModule):
         error = self.q_min(self.critic, batch["obs"], batch["act"]) - self.real_target(batch)
         self.val_td_error.update(error.square())
         self.log("val/td_error", self.val_td_error, prog_bar=True)
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        raise UserInputError(NO_TEST_STAGE)  # `setup("test")` refuses first; defined so that the refusal is ours
 
     def predict_step(self, batch: dict[str, Tensor], batch_idx: int = 0) -> dict[str, Tensor]:
         """The deterministic action tanh(mean) and its Q as a return (Q / reward_scale)."""

@@ -295,6 +295,11 @@ def energy_ratio(coefficients: Tensor, h: Tensor, constant_first: bool = True) -
 # ============================================================================================ the module
 
 
+NO_TEST_STAGE = ("SpectralGuidanceEncoder has no test stage: its held-out two-view loss and eigenvalues are "
+                 "measured on the validation samples, and guided sampling is evaluated by the experiment "
+                 "(`icml26 experiment spectral_guidance`); use `validate` (or `predict` for the features).")
+
+
 class SpectralGuidanceEncoder(PaperModule):
     """The time-conditioned encoder f_theta(x, t) trained with the two-view whitened-correlation objective.
 
@@ -391,6 +396,14 @@ class SpectralGuidanceEncoder(PaperModule):
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/eigenvalue_mean", lam.mean())
         return loss
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        if stage == "test":
+            raise UserInputError(NO_TEST_STAGE)
+
+    def test_step(self, batch, batch_idx):
+        raise UserInputError(NO_TEST_STAGE)  # `setup("test")` refuses first; defined so that the refusal is ours
 
     def validation_step(self, batch, batch_idx):
         gen = torch.Generator().manual_seed(batch_idx)

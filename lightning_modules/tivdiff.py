@@ -335,6 +335,10 @@ def ddim_invert(denoiser: nn.Module, x0: Tensor, cond: Tensor, geometry: Tensor,
 
 
 # ============================================================================================ module
+NO_TEST_STAGE = ("TIVDiff has no test stage: its losses and identity accuracy are measured on the validation faces; "
+                 "use `validate` (or `predict` for virtual faces and their watermark bit accuracy).")
+
+
 class TIVDiff(PaperModule):
     """Identity encoder + Virtual Identity Projection + geometry-conditioned diffusion + IGGW (reconstruction).
 
@@ -423,6 +427,8 @@ class TIVDiff(PaperModule):
     # ------------------------------------------------------------------------------------------- setup
     def setup(self, stage: str) -> None:
         super().setup(stage)
+        if stage == "test":
+            raise UserInputError(NO_TEST_STAGE)
         wanted = self.data_value(FaceIdentityData, "num_train_identities")
         if stage == "fit" and wanted is not None and wanted > self.hparams.num_train_identities:
             raise UserInputError(f"the data has {wanted} training identities but num_train_identities="
@@ -517,6 +523,9 @@ class TIVDiff(PaperModule):
         losses = self._losses(batch, None, keys[0].expand(n), keys[1].expand(n))
         self.log_dict({f"train/{k}": v.detach() for k, v in losses.items()}, prog_bar=False, batch_size=n)
         return losses["loss"]
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        raise UserInputError(NO_TEST_STAGE)  # `setup("test")` refuses first; defined so that the refusal is ours
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         n = len(batch["image"])

@@ -18,7 +18,9 @@ plays for Qwen), ``answer`` (option index), ``training_loss`` (cross-entropy of 
 
 ``ToyMLLM`` trains it (Adam, cross-entropy over the valid options) on the embedded high-resolution generator's
 mixture of single images and [image, crop] pairs (`datamodules.high_resolution_vqa`); validation accuracy on single
-full images.
+full images. ``train.py predict`` writes its answer to every question (one JSONL row: id, category, question,
+options, the predicted and the true option text, ``correct`` and the option probabilities), on the full image only,
+as validated.
 """
 from __future__ import annotations
 
@@ -251,3 +253,13 @@ class ToyMLLM(PaperModule):
     def predict_step(self, batch: list[dict], batch_idx: int) -> dict[str, Tensor]:
         logits = self.backbone.logits([(e["images"][:1], e["question"], len(e["options"])) for e in batch])
         return {"probs": logits.softmax(-1), "prediction": logits.argmax(-1)}
+
+    def prediction_fields(self, outputs: dict[str, Tensor], batch: list[dict]) -> dict:
+        """Per question: id, category, question, options, predicted and true option text, ``correct``, probs."""
+        predicted = outputs["prediction"].tolist()
+        answers = torch.tensor([e["answer"] for e in batch])
+        return {"id": [str(e.get("id", "")) for e in batch], "category": [str(e["category"]) for e in batch],
+                "question": [e["question"] for e in batch], "options": [list(e["options"]) for e in batch],
+                "predicted": [e["options"][p] for e, p in zip(batch, predicted)],
+                "answer": [e["options"][e["answer"]] for e in batch],
+                "correct": (outputs["prediction"].cpu() == answers).long(), "probs": outputs["probs"]}
