@@ -48,11 +48,22 @@ def _tracked(module) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in module.named_parameters() if p.requires_grad}
 
 
+# {(check, config): reason to skip or None}. A check reads what a module's class and init arguments fix (manual
+# optimisation, the attributes of a trick's contract), so its answer is remembered from the first build of a config
+# and a pair that does not apply skips without building the config again.
+_APPLICABILITY: dict[tuple[object, str], str | None] = {}
+_CHECKS: list = []  # every check, run on every build so that later tricks find their answer
+
+
 def _fit_with(config: str, extra: list[str], callbacks: list[Callback], *overrides: str, check=None):
     """Build `config` as the CLI does, put `callbacks` before its checkpoint callbacks (replacing any callback of
     the same classes), call `check(cli)` (which returns a reason to skip, or None), then fit one step."""
+    if check is not None and (reason := _APPLICABILITY.get((check, config))):
+        pytest.skip(reason)
     cli = run_cli("--config", config_path(config), "--trainer.fast_dev_run=1", *QUIET, *extra, *overrides,
                   run=False)
+    for known in _CHECKS:
+        _APPLICABILITY.setdefault((known, config), known(cli))
     if check is not None and (reason := check(cli)):
         pytest.skip(reason)
     kinds = tuple({type(c) for c in callbacks})
@@ -204,6 +215,7 @@ def check_trew(config: str, extra: list[str]) -> None:
 
 
 TRICKS = {"EMAWeights": check_ema, "SGDTaming": check_sgd_taming, "TREWReweighting": check_trew}
+_CHECKS += [_not_automatic, _no_trew_contract]
 
 
 def test_every_callback_is_classified():

@@ -5,7 +5,9 @@ import contextlib
 import importlib
 import io
 import json
+import os
 import shlex
+import sys
 
 import pytest
 import torch
@@ -83,19 +85,59 @@ def test_print_config_round_trip(config, tmp_path):
 
 
 def _fit_for_steps(config: str, steps: int, extra: list[str], callbacks: list[Callback] = ()):
+    """Fit `config` for `steps` optimiser steps, one validation batch per validation. A config that sets no
+    max_epochs gets 20 as a bound: a module that may skip a step (GRPO's zero-variance filter drops every group of
+    a batch without a mixed one) cannot then loop for ever; the tests assert how many steps were taken."""
+    with open(config_path(config)) as f:
+        bounded = "max_epochs" in (yaml.safe_load(f).get("trainer") or {})
     cli = run_cli("--config", config_path(config), f"--trainer.max_steps={steps}", "--trainer.limit_val_batches=1",
-                  "--trainer.num_sanity_val_steps=0", *QUIET, *extra, run=False)
+                  "--trainer.num_sanity_val_steps=0", *([] if bounded else ["--trainer.max_epochs=20"]), *QUIET,
+                  *extra, run=False)
     cli.trainer.callbacks.extend(callbacks)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     return cli
 
 
-@pytest.mark.parametrize("config", QUICK_CONFIGS)
-def test_every_trainable_parameter_gets_a_finite_gradient(config, prerequisite_args):
+# The gradient, checkpoint round-trip and determinism contracts share one fit per config: SEEDED_STEPS optimiser
+# steps from a fixed seed in deterministic mode, with a GradientProbe on the first backward pass. Their `config`
+# parameter is module-scoped, so pytest runs the three tests of a config together and keeps one fit alive at a time.
+SEEDED = ["--seed_everything=123", "--trainer.deterministic=true"]
+SEEDED_STEPS = 2
+
+
+class SeededFit:
+    def __init__(self, cli, probe: GradientProbe) -> None:
+        self.cli, self.probe = cli, probe
+        self.steps = cli.trainer.global_step
+        self.weights = {k: v.detach().clone() for k, v in cli.model.state_dict().items()}
+
+
+def _seeded_fit(config: str, prerequisite_args) -> SeededFit:
     probe = GradientProbe()
-    cli = _fit_for_steps(config, 1, prerequisite_args(config), [probe])
-    assert any(p.requires_grad for p in cli.model.parameters())
-    assert probe.bad == [], f"parameters without a finite gradient: {probe.bad}"
+    cli = _fit_for_steps(config, SEEDED_STEPS, [*SEEDED, *prerequisite_args(config)], [probe])
+    return SeededFit(cli, probe)
+
+
+@pytest.fixture(scope="module")
+def seeded_fit(config, prerequisite_args, tmp_path_factory):
+    """The shared fit of `config` (built in a directory of its own, as the CLI would from the command line)."""
+    directory, cwd, argv = tmp_path_factory.mktemp("seeded_fit"), os.getcwd(), sys.argv
+    os.chdir(directory)
+    sys.argv = ["train.py"]
+    try:
+        fit = _seeded_fit(config, prerequisite_args)
+    finally:
+        os.chdir(cwd)
+        sys.argv = argv
+        torch.use_deterministic_algorithms(False)
+    yield fit
+
+
+@pytest.mark.parametrize("config", QUICK_CONFIGS, scope="module")
+def test_every_trainable_parameter_gets_a_finite_gradient(config, seeded_fit):
+    assert any(p.requires_grad for p in seeded_fit.cli.model.parameters())
+    assert seeded_fit.probe.bad is not None, "no backward pass ran"
+    assert seeded_fit.probe.bad == [], f"parameters without a finite gradient: {seeded_fit.probe.bad}"
 
 
 def _first_eval_batch(datamodule):
@@ -110,9 +152,9 @@ def _first_eval_batch(datamodule):
     raise AssertionError(f"{type(datamodule).__name__} has no dataloader")
 
 
-@pytest.mark.parametrize("config", QUICK_CONFIGS)
-def test_checkpoint_round_trip(config, prerequisite_args, tmp_path):
-    cli = _fit_for_steps(config, 2, prerequisite_args(config))
+@pytest.mark.parametrize("config", QUICK_CONFIGS, scope="module")
+def test_checkpoint_round_trip(config, seeded_fit, tmp_path):
+    cli = seeded_fit.cli
     path = tmp_path / "round_trip.ckpt"
     cli.trainer.save_checkpoint(path)
     reloaded = type(cli.model).load_from_checkpoint(path)  # no extra args: everything comes from the file
@@ -125,17 +167,18 @@ def test_checkpoint_round_trip(config, prerequisite_args, tmp_path):
     torch.testing.assert_close(outputs[0], outputs[1], rtol=0, atol=0)
     for key, value in cli.model.state_dict().items():
         assert torch.equal(value, reloaded.state_dict()[key]), key
+    for key, value in seeded_fit.weights.items():  # the trained weights, not a fresh initialisation
+        assert torch.equal(value, reloaded.state_dict()[key]), key
 
 
-@pytest.mark.parametrize("config", QUICK_CONFIGS)
-def test_same_seed_gives_bit_identical_weights(config, prerequisite_args):
-    weights = []
-    for _ in range(2):
-        cli = _fit_for_steps(config, 3, ["--seed_everything=123", "--trainer.deterministic=true",
-                                         *prerequisite_args(config)])
-        weights.append({k: v.clone() for k, v in cli.model.state_dict().items()})
-    for key in weights[0]:
-        assert torch.equal(weights[0][key], weights[1][key]), key
+@pytest.mark.parametrize("config", QUICK_CONFIGS, scope="module")
+def test_same_seed_gives_bit_identical_weights(config, seeded_fit, prerequisite_args):
+    assert seeded_fit.steps >= 1, "the seeded fit took no optimiser step: equal weights would prove nothing"
+    again = _seeded_fit(config, prerequisite_args)
+    assert again.steps == seeded_fit.steps
+    assert again.weights.keys() == seeded_fit.weights.keys()
+    for key, value in seeded_fit.weights.items():
+        assert torch.equal(value, again.weights[key]), key
 
 
 @pytest.mark.parametrize("config", PAPER_CONFIGS)
