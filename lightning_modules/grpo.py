@@ -56,10 +56,19 @@ Deviations / choices (documented, configurable where it matters):
 * Data parallel (DDP): ranks keep different numbers of rollouts (zero-variance filter, DARS' second stage), so
   `GRPO.update` agrees across ranks on the number of optimiser steps and micro-batches and pads with
   zero-gradient backward passes; loss denominators are totals over ranks (times W against DDP's averaging), so the
-  update equals one process's on all ranks' rollouts (tested with 2 gloo processes). Not handled: sharded
-  strategies (FSDP/DeepSpeed) gather parameters in every forward, and rollout generation runs a rank-dependent
-  number of forwards (early stop at EOS, a second stage only on ranks that need one), so GRPO is only supported
-  with replicated-parameter strategies (DDP) here.
+  update equals one process's on all ranks' rollouts (tested with 2 gloo processes).
+* Fully sharded (FSDP2 through Lightning's ``ModelParallelStrategy``, configs/trainer/fsdp.yaml; fsdp_cpu.yaml for
+  2 CPU processes): ``configure_model`` shards every transformer block of the policy and of the frozen reference,
+  then each root (`lightning_modules.tiny_gpt.fully_shard_model`). A sharded forward all-gathers parameters over
+  the ranks, so every rank runs the same forward passes: generation keeps calling the policy on padding until all
+  ranks are done (`lightning_modules.rollouts`, ``synced``), DARS' second stage runs on every rank when any rank
+  needs one, the old-policy and reference log-probs and the micro-batch passes are padded to the largest count of
+  any rank, and a padding backward runs a forward on one dummy row with a zero loss. FSDP1 (``FSDPStrategy``),
+  DeepSpeed and tensor parallelism are refused. Checkpoints are distributed-checkpoint folders that resume.
+* ``rollout_seeding: example`` draws each rollout from a key of (seed, step, prompt id, rollout index)
+  (`lightning_modules.rollouts.keyed_uniforms`) instead of one generator for the whole batch, so a run whose
+  prompts are split over ranks samples the rollouts one process samples (the default ``batch`` keeps
+  ``torch.multinomial`` with the step's generator). With it, a 2-process run equals one process (tests/test_fsdp.py).
 
 Length: one paper family's core read top to bottom (rewards, advantage/loss math, the module with its data-parallel
 update and evaluation); the log-prob kernel lives in `token_logprobs.py`, rollout engines in `rollouts.py`.
@@ -79,9 +88,10 @@ from lightning_modules.base import PaperModule
 from lightning_modules.data_contract import TokenizedData
 from lightning_modules.errors import UserInputError, check_range
 from lightning_modules.rollout_allocation import RolloutAllocator
-from lightning_modules.rollouts import KVCacheSampler, RolloutEngine
+from lightning_modules.rollouts import KVCacheSampler, RolloutEngine, TransformersGenerate, rollout_keys
 from lightning_modules.token_logprobs import completion_logprobs
-from lightning_modules.tiny_gpt import check_policy_vocabulary
+from lightning_modules.tiny_gpt import (check_policy_vocabulary, fully_shard_model, is_sharded,
+                                     picklable_hyperparameters, sharding_mesh)
 
 
 
@@ -279,6 +289,8 @@ class GRPO(PaperModule):
         max_grad_norm: gradient clipping (None: off).
         eval_samples, eval_k, eval_temperature: validation samples per prompt, the k of pass@k, temperature.
         rollout_seed: seed of the rollout streams (None: the run's seed, ``torch.initial_seed()``).
+        rollout_seeding: ``batch`` (one generator per step for the whole batch) or ``example`` (per-rollout keys
+            from the prompt id, so the rollouts do not depend on how prompts are split over ranks).
     """
 
     def __init__(self, policy: nn.Module, reward: RewardFunction | None = None,
@@ -293,6 +305,7 @@ class GRPO(PaperModule):
                  entropy_coef: float = 0.0,
                  max_grad_norm: float | None = 1.0, eval_samples: int = 8,
                  eval_k: list[int] | None = None, eval_temperature: float = 1.0, rollout_seed: int | None = None,
+                 rollout_seeding: Literal["batch", "example"] = "batch",
                  optimizer: OptimizerCallable = torch.optim.Adam, lr_scheduler: LRSchedulerCallable | None = None,
                  init_from: str | None = None, init_from_trusted: bool = False) -> None:
         super().__init__(optimizer=optimizer, lr_scheduler=lr_scheduler, init_from=init_from,
@@ -319,6 +332,11 @@ class GRPO(PaperModule):
         if loss_aggregation not in ("token_mean", "sequence_mean", "constant"):
             raise UserInputError(f"loss_aggregation={loss_aggregation!r}: choose token_mean, sequence_mean or "
                                  "constant.")
+        if rollout_seeding not in ("batch", "example"):
+            raise UserInputError(f"rollout_seeding={rollout_seeding!r}: choose batch or example.")
+        if rollout_seeding == "example" and isinstance(rollout_engine, TransformersGenerate):
+            raise UserInputError("rollout_seeding: example needs an engine that takes per-rollout seeds; "
+                                 "TransformersGenerate samples with transformers' own RNG: use KVCacheSampler.")
         self.eval_k = sorted(set(eval_k)) if eval_k else sorted({1, eval_samples})
         if any(k < 1 or k > eval_samples for k in self.eval_k):
             raise UserInputError(f"eval_k={eval_k}: every k must lie in [1, eval_samples={eval_samples}].")
@@ -335,6 +353,7 @@ class GRPO(PaperModule):
         self._tokenizer = None
         self._special = None
         self._eval_sums: dict[str, torch.Tensor] = {}
+        self._first_rollout_index: torch.Tensor | None = None  # per prompt, during DARS' second stage
 
     # ------------------------------------------------------------------ plumbing
     @property
@@ -360,17 +379,29 @@ class GRPO(PaperModule):
         return report
 
     def setup(self, stage: str) -> None:
-        strategy = type(self.trainer.strategy).__name__ if self._trainer is not None else ""
-        if any(name in strategy for name in ("FSDP", "DeepSpeed", "ModelParallel")):
-            raise UserInputError(
-                f"GRPO does not support the sharded strategy {strategy}: rollout generation runs a rank-dependent "
-                "number of forward passes (early stop at EOS, a second stage only where needed) and sharded "
-                "parameters are gathered in every forward, so the ranks would hang. Use --trainer.strategy=ddp "
-                "(with --trainer.precision=bf16-true for a 7B policy, as configs/knapsack_rl/paper.yaml).")
+        sharding_mesh(self._trainer, "GRPO")  # refuses FSDP1, DeepSpeed and tensor parallelism with one line
         data_tokenizer = self.data_value(TokenizedData, "tokenizer")
         if data_tokenizer is not None:  # refuse a mismatch now, not while decoding the first validation samples
             check_policy_vocabulary(self.policy, data_tokenizer.vocab_size)
         super().setup(stage)
+
+    def configure_model(self) -> None:
+        """FSDP2 under ModelParallelStrategy: shard the policy and the frozen reference (blocks, then each root)."""
+        mesh = sharding_mesh(self._trainer, "GRPO")
+        if mesh is None:
+            return
+        fully_shard_model(self.policy, mesh)
+        if self.ref_policy is not None:
+            fully_shard_model(self.ref_policy, mesh)
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the policy is sharded (FSDP2): forward passes are collective and must be kept in step."""
+        return is_sharded(self.policy)
+
+    def _any_rank(self, flag: bool) -> bool:
+        """``flag`` OR-ed over the ranks (the local flag in one process)."""
+        return bool(self._agree([float(flag)]).max() > 0)
 
     def _generator(self, stream: int, counter: int) -> torch.Generator:
         generator = torch.Generator(device=self.device)
@@ -381,9 +412,14 @@ class GRPO(PaperModule):
         """Rollouts for `batch`'s prompts, counts[j] of prompt j (engine call; see rollouts.sample_completions)."""
         training = self.policy.training
         self.policy.eval()  # no dropout while sampling
+        options = {"synced": True} if self.sharded else {}
+        if self.hparams.rollout_seeding == "example":  # keys: (step seed, prompt id, rollout index of the prompt)
+            options["row_seeds"] = rollout_keys(generator.initial_seed(), batch["prompt_ids"], counts,
+                                                self._first_rollout_index)
         try:
             return self.rollout_engine.generate(self.policy, batch["prompt_tokens"], batch["prompt_mask"], counts,
-                                                self.hparams.max_new_tokens, temperature, self.tokenizer, generator)
+                                                self.hparams.max_new_tokens, temperature, self.tokenizer, generator,
+                                                **options)
         finally:
             self.policy.train(training)
 
@@ -417,11 +453,19 @@ class GRPO(PaperModule):
             stats = group_statistics(rewards, group_index, num_prompts, correct=self._successes(rewards, correct))
             extra = torch.as_tensor(self.rollout_allocator.second_stage(prompt_ids.cpu(), counts.cpu(),
                                                                         stats["correct"].cpu()), dtype=torch.long)
-            if int(extra.sum()) > 0:
-                tokens2, mask2, group2 = self.generate(batch, extra.to(self.device), h.temperature, generator)
+            second = int(extra.sum()) > 0
+            if self.sharded:  # sharded generation is collective: every rank runs it when any rank needs it
+                second = self._any_rank(second)
+            if second:
+                self._first_rollout_index = counts
+                try:
+                    tokens2, mask2, group2 = self.generate(batch, extra.to(self.device), h.temperature, generator)
+                finally:
+                    self._first_rollout_index = None
                 rewards2, correct2, metrics2 = self.score(tokens2, mask2, group2, batch["answers"])
                 n1, n2 = rewards.numel(), rewards2.numel()
-                reward_metrics = {k: (v * n1 + metrics2.get(k, v) * n2) / (n1 + n2) for k, v in reward_metrics.items()}
+                reward_metrics = {k: (v * n1 + metrics2.get(k, v) * n2) / max(n1 + n2, 1)
+                                  for k, v in reward_metrics.items()}
                 tokens, mask = _pad_cat(tokens, tokens2, self.tokenizer.pad_id), _pad_cat(mask, mask2, False)
                 group_index, rewards = torch.cat([group_index, group2]), torch.cat([rewards, rewards2])
                 correct = torch.cat([correct, correct2])
@@ -457,11 +501,26 @@ class GRPO(PaperModule):
         torch.distributed.all_gather(gathered, local)
         return torch.stack(gathered)
 
-    def _padding_backward(self) -> None:
+    def _padding_backward(self, dummy: tuple[torch.Tensor, torch.Tensor, int]) -> None:
         """A backward pass whose gradient is exactly zero on every trainable parameter: it adds nothing but makes
-        the data-parallel reducer fire, so ranks with fewer (or no) rollouts keep in step with the others."""
+        the data-parallel reducer fire, so ranks with fewer (or no) rollouts keep in step with the others. Sharded,
+        it is a forward pass on the ``dummy`` row (its all-gathers and reduce-scatters are collective) times 0."""
+        if self.sharded:
+            logp, _ = completion_logprobs(self.policy, dummy[0], dummy[1], dummy[2], self.hparams.temperature)
+            self.manual_backward(logp.sum() * 0.0)
+            return
         params = [p for p in self.parameters() if p.requires_grad]
         self.manual_backward(torch.stack([p.sum() for p in params]).sum() * 0.0)
+
+    def _logprobs_in_step(self, model, sequences, attention, prompt_length: int, micro: int, dummy, passes: int):
+        """No-grad completion log-probs of ``model`` in micro-batches; sharded, padded with forward passes on the
+        ``dummy`` row up to ``passes`` (the most any rank runs), whose outputs are dropped."""
+        rows = sequences.shape[0]
+        chunks = [completion_logprobs(model, sequences[i:i + micro], attention[i:i + micro], prompt_length,
+                                      self.hparams.temperature)[0] for i in range(0, rows, micro)]
+        for _ in range(passes - len(chunks) if self.sharded else 0):
+            completion_logprobs(model, dummy[0], dummy[1], dummy[2], self.hparams.temperature)
+        return torch.cat(chunks) if chunks else None
 
     def update(self, batch, tokens, mask, group_index, advantages, generator) -> dict[str, torch.Tensor]:
         """ppo_epochs x ppo_mini_batches optimiser steps on the given rollouts; returns averaged metrics.
@@ -491,16 +550,20 @@ class GRPO(PaperModule):
         sequences = torch.cat([batch["prompt_tokens"][group_index], tokens], dim=1)
         attention = torch.cat([batch["prompt_mask"][group_index], mask], dim=1)
         on_policy = h.ppo_epochs == 1 and h.ppo_mini_batches == 1
+        # one prompt and one pad token: the row of the padding forward passes a sharded policy needs
+        dummy = (torch.cat([batch["prompt_tokens"][:1], torch.full_like(batch["prompt_tokens"][:1, :1],
+                                                                        self.tokenizer.pad_id)], 1),
+                 torch.cat([batch["prompt_mask"][:1], torch.ones_like(batch["prompt_mask"][:1, :1])], 1),
+                 prompt_length)
+        passes = int(self._agree([-(-rollouts // micro)]).max()) if self.sharded else 0
         old_logprobs = ref_logprobs = None
         with torch.no_grad():
-            if not on_policy and rollouts:
-                old_logprobs = torch.cat([completion_logprobs(self.policy, sequences[i:i + micro],
-                                                              attention[i:i + micro], prompt_length,
-                                                              h.temperature)[0] for i in range(0, rollouts, micro)])
-            if self.ref_policy is not None and rollouts:
-                ref_logprobs = torch.cat([completion_logprobs(self.ref_policy, sequences[i:i + micro],
-                                                              attention[i:i + micro], prompt_length,
-                                                              h.temperature)[0] for i in range(0, rollouts, micro)])
+            if not on_policy:
+                old_logprobs = self._logprobs_in_step(self.policy, sequences, attention, prompt_length, micro,
+                                                      dummy, passes)
+            if self.ref_policy is not None:
+                ref_logprobs = self._logprobs_in_step(self.ref_policy, sequences, attention, prompt_length, micro,
+                                                      dummy, passes)
         normalizer = h.constant_normalizer or h.max_new_tokens
         sums: dict[str, float] = {}
         steps = local_taken = 0
@@ -523,7 +586,7 @@ class GRPO(PaperModule):
                 for index in range(passes):
                     r = rows[index * micro:(index + 1) * micro]
                     if r.numel() == 0:
-                        self._padding_backward()
+                        self._padding_backward(dummy)
                         continue
                     logp, entropy = completion_logprobs(self.policy, sequences[r], attention[r], prompt_length,
                                                         h.temperature, True, entropy_grad=h.entropy_coef > 0)
@@ -587,8 +650,10 @@ class GRPO(PaperModule):
         num_prompts = batch["prompt_ids"].shape[0]
         out = {}
         samples = torch.full((num_prompts,), h.eval_samples, dtype=torch.long, device=self.device)
+        # keyed sampling: the prompt id, not the rank-dependent batch index, tells the samples apart
+        counter = 0 if h.rollout_seeding == "example" else batch_idx
         tokens, mask, group_index = self.generate(batch, samples, h.eval_temperature,
-                                                  self._generator(stream, batch_idx))
+                                                  self._generator(stream, counter))
         rewards, correct, _ = self.score(tokens, mask, group_index, batch["answers"])
         correct = group_statistics(rewards, group_index, num_prompts, correct=correct)["correct"]
         for k in self.eval_k:
@@ -643,6 +708,7 @@ class GRPO(PaperModule):
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)
+        picklable_hyperparameters(checkpoint)
         tokenizer = self._tokenizer
         checkpoint["grpo"] = {
             "rollout_batches": self.rollout_batches, "cumulative_rollouts": self.cumulative_rollouts,

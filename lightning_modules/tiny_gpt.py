@@ -20,6 +20,14 @@ downloaded); the tokenizer is read from the same folder by the datamodule (``tok
 instead of ``path`` it builds a randomly initialised model of a transformers architecture (training from scratch;
 no file is read; configs/grpo/hf_quick.yaml). Dropout is disabled by default (TRL's ``disable_dropout``): with
 dropout active the PPO ratio of an on-policy update is not 1.
+
+Sharded training (`sharding_mesh`, `fully_shard_model`): under Lightning's ``ModelParallelStrategy``
+(configs/trainer/fsdp.yaml, fsdp_cpu.yaml) the modules apply FSDP2 (``torch.distributed.fsdp.fully_shard``) in
+``configure_model``: every transformer block is its own unit (this file's `Block`, ``nn.TransformerEncoderLayer``
+and the classes a transformers model lists in ``_no_split_modules``), then the model itself (for `HFCausalLM` the
+wrapped transformers model, so that its own ``generate`` also goes through the root unit). Frozen copies
+(reference policies) are sharded the same way. Every sharded forward all-gathers parameters over the ranks, so
+all ranks must run the same number of forward passes (see `lightning_modules.rollouts` for generation).
 """
 from __future__ import annotations
 
@@ -247,3 +255,82 @@ class HFCausalLM(nn.Module):
         """Rows `index` of a transformers cache (``reorder_cache`` gathers along the batch, repeats allowed)."""
         cache.reorder_cache(index)
         return cache
+
+
+# --------------------------------------------------------------------------------------------- sharding (FSDP2)
+SHARDED_STRATEGY_HINT = ("shard with ModelParallelStrategy and FSDP2 instead: --trainer configs/trainer/fsdp.yaml "
+                         "(GPUs) or configs/trainer/fsdp_cpu.yaml (2 CPU processes)")
+
+
+def sharding_mesh(trainer, owner: str, generates: bool = True):
+    """The data-parallel device mesh to shard over when ``trainer`` runs Lightning's ``ModelParallelStrategy``, else
+    None (no trainer, one process, DDP). Refuses, with one line naming the fix, what these modules do not support:
+    tensor parallelism (``tensor_parallel_size`` > 1: only FSDP2 is applied) and, for modules that generate, FSDP1
+    (``FSDPStrategy``) and DeepSpeed.
+    """
+    if trainer is None:
+        return None
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    strategy = trainer.strategy
+    name = type(strategy).__name__
+    if not isinstance(strategy, ModelParallelStrategy):
+        if generates and ("FSDP" in name or "DeepSpeed" in name):
+            raise UserInputError(f"{owner} does not support the strategy {name} (its generation would run a different "
+                                 f"number of sharded forward passes on each rank); {SHARDED_STRATEGY_HINT}.")
+        return None
+    mesh = strategy.device_mesh
+    if "tensor_parallel" in (mesh.mesh_dim_names or ()) and mesh["tensor_parallel"].size() > 1:
+        raise UserInputError(f"{owner} applies FSDP2 only (no tensor-parallel plan): set ModelParallelStrategy's "
+                             f"tensor_parallel_size=1 and data_parallel_size to the number of devices (got "
+                             f"tensor_parallel_size={mesh['tensor_parallel'].size()}).")
+    return mesh["data_parallel"]
+
+
+def is_sharded(module: nn.Module) -> bool:
+    """Whether FSDP2 (``fully_shard``) manages ``module`` or one of its submodules."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in module.modules())
+
+
+def fully_shard_model(model: nn.Module, mesh, forward_methods: tuple[str, ...] = ()) -> nn.Module:
+    """FSDP2 over ``mesh``: every transformer block of ``model`` becomes its own unit (bottom-up), then the root.
+
+    Blocks are this file's `Block` (TinyGPT, TinyAudioLM), ``nn.TransformerEncoderLayer`` and every class a
+    transformers model names in ``_no_split_modules`` (GPT2Block, LlamaDecoderLayer, WhisperEncoderLayer, ...). The
+    root is ``model`` itself, or for `HFCausalLM` the wrapped transformers model (its ``generate`` calls that model,
+    not the wrapper). ``forward_methods`` names root methods other than ``forward`` that use the root's parameters
+    (e.g. ``embed`` and ``logits`` of the audio language models), registered with ``register_fsdp_forward_method``.
+    Idempotent: an already sharded model is returned unchanged (``configure_model`` runs once per Trainer call).
+    """
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
+    if is_sharded(model):
+        return model
+    root = model.model if isinstance(model, HFCausalLM) else model
+    block_names = set()
+    for module in root.modules():
+        block_names.update(getattr(module, "_no_split_modules", None) or ())
+    for module in reversed(list(root.modules())):  # children before their parents
+        if module is not root and (isinstance(module, (Block, nn.TransformerEncoderLayer))
+                                   or type(module).__name__ in block_names):
+            fully_shard(module, mesh=mesh)
+    fully_shard(root, mesh=mesh)
+    for name in forward_methods:
+        register_fsdp_forward_method(root, name)
+    return model
+
+
+def picklable_hyperparameters(checkpoint: dict) -> None:
+    """Replace, in ``checkpoint["hyper_parameters"]``, every injected module that FSDP2 has sharded (its classes are
+    created at run time and cannot be pickled into the checkpoint's metadata) by a line naming its class. Runs
+    started from the command line store the modules' class_path/init_args there instead and are unaffected."""
+    hyper = checkpoint.get("hyper_parameters")
+    if not isinstance(hyper, dict):
+        return
+    for key, value in list(hyper.items()):
+        if isinstance(value, nn.Module) and is_sharded(value):
+            name = type(value).__name__.removeprefix("FSDP")
+            hyper[key] = (f"{name} (sharded with FSDP2 when saved and not stored: pass the same module again to "
+                          "rebuild this model)")

@@ -569,10 +569,10 @@ def test_logprob_memory_benchmark_smoke(tmp_path):
 
 @pytest.mark.parametrize("strategy", ["FSDPStrategy", "DeepSpeedStrategy"])
 def test_sharded_strategies_are_refused_with_one_error_line(strategy):
-    """Generation runs a rank-dependent number of forwards, which would hang FSDP's parameter gathering."""
+    """FSDP1 and DeepSpeed stay refused (sharded training goes through ModelParallelStrategy, tests/test_fsdp.py)."""
     from types import SimpleNamespace
 
     module = GRPO(policy=TinyGPT(vocab_size=16, n_layer=1, d_model=16, n_head=2, context_length=16))
     module._trainer = SimpleNamespace(strategy=type(strategy, (), {})())
-    with pytest.raises(UserInputError, match=f"sharded strategy {strategy}.*--trainer.strategy=ddp"):
+    with pytest.raises(UserInputError, match=f"strategy {strategy} .*configs/trainer/fsdp.yaml"):
         module.setup("fit")
