@@ -1,4 +1,4 @@
-"""CauSciBench on CPU: method selection is the bottleneck: ``python -m experiments.causcibench``.
+"""CauSciBench on CPU: method selection is the bottleneck: ``python -m experiments causcibench``.
 
 Paper: "CauSciBench: Can LLMs Automate Causal Inference in Real-World Scientific Research?" (ICML 2026, PMLR v306).
 Its finding: LLM agents are worse on real than on synthetic tasks, and choosing the method is the bottleneck
@@ -11,59 +11,67 @@ four agents of `lightning_modules.causal_agent.CausalInferenceAgent`:
   front-door, time and group -> DiD), else a randomisation cue -> OLS, else propensity-score matching;
 * ``forced OLS``: OLS with every other numeric column as a control (what the paper reports models falling back to);
 * ``learned selector``: the MLP of ``configs/causcibench/quick.yaml`` trained on synthetic queries (query text and
-  data columns in, method out; ``--epochs`` epochs, the epoch with the best validation method accuracy kept, on
-  synthetic validation queries only), then evaluated on held-out synthetic queries and on the real queries.
+  data columns in, method out), tested from the checkpoint with the best validation method accuracy.
 
-Per seed: training and validation queries (seed-dependent), ``--test-per-design`` synthetic test queries of each
-of the 8 designs (seeds disjoint from training), and the 9 real queries re-derived from causaldata (the same each
-seed; only the learned selector changes). Metrics (prefix ``synthetic/`` or ``real/``): ``method_acc`` and ``mre``
-(relative error capped at 1 per query, a failure counts 1; absolute error where |reference| < 1e-8). The per-design
-MRE (synthetic) is in ``by_design``; ``claims`` records whether each expectation held.
-
-Outputs: a markdown table (mean ± std over seeds), ``results/causcibench.json`` and ``results/causcibench.png``
-(MRE per design and arm).
+The protocol (arms, seeds, sizes, smoke sizes) is ``configs/causcibench/experiment.yaml``, run by
+`experiments.runner`; this module holds what is not configuration: the evaluation on two test sources per run
+(`evaluate`), the per-design summary and the claims (`report`) and the figure (`plot`). Metrics (prefix
+``synthetic/`` or ``real/``): ``method_acc`` and ``mre`` (relative error capped at 1 per query, a failure counts 1;
+absolute error where |reference| < 1e-8). The per-design MRE (synthetic) is in ``by_design``; ``claims`` records
+whether each expectation held.
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
-from torch.utils.data import DataLoader
 
-from experiments import kit
-
-PAPER = "CauSciBench: Can LLMs Automate Causal Inference in Real-World Scientific Research? (ICML 2026)"
-CONFIG = "configs/causcibench/quick.yaml"
-ARMS = {"oracle": "oracle", "rule-based": "rule-based", "forced OLS": "forced-ols", "learned selector": "learned"}
 HARD_DESIGNS = ("iv", "iv_encouragement", "rdd", "did_canonical", "did_twfe", "frontdoor")
-SMOKE_REAL = ["thornton_hiv_ols", "gov_transfers_rdd", "organ_donations_did"]
+TABLE = ("name", "method", "estimate", "reference", "error")
 
 
-def train_selector(seed: int, args):
-    """The learned selector of the quick config, trained on this seed's synthetic queries (keep-best on val)."""
-    model, data = kit.from_config(CONFIG, f"--seed_everything={seed}", f"--data.init_args.seed={seed}",
-                                  f"--data.init_args.train_per_design={args.train_per_design}",
-                                  f"--data.init_args.val_per_design={args.val_per_design}",
-                                  f"--data.init_args.rows={args.rows}")
-    keep = kit.KeepBest("val/method_acc", mode="max")
-    kit.quiet_trainer([keep], max_epochs=args.epochs, deterministic=True).fit(model, datamodule=data)
-    keep.restore(model).eval()
-    return model, data, keep.best_score
+def evaluate(run) -> dict[str, float]:
+    """Test the run's agent on the synthetic test queries, then on the real ones (the datamodule's two test
+    sources, each through ``trainer.test``); keeps the per-query records for `report`."""
+    data, metrics = run.datamodule, {}
+    for source in ("synthetic", "real"):
+        data.hparams.test_source, data.test_queries = source, None
+        run.test()
+        records = list(run.model.records)
+        run.extra[source] = records
+        metrics[f"{source}/method_acc"] = float(np.mean([r["method_correct"] for r in records]))
+        metrics[f"{source}/mre"] = float(np.mean([r["error"] for r in records]))
+    if run.fitted:
+        best = next(c for c in run.trainer.checkpoint_callbacks if getattr(c, "monitor", None))
+        run.extra["best_val"] = float(best.best_model_score)
+    return metrics
 
 
-def evaluate(model, queries: list[dict]) -> list[dict]:
-    """Answer ``queries`` through the module's test loop; returns its per-query records."""
-    loader = DataLoader(queries, batch_size=16, collate_fn=list)
-    kit.quiet_trainer().test(model, dataloaders=loader, verbose=False)
-    return list(model.records)
+def report(result: dict, records: list[dict]) -> dict:
+    """MRE per synthetic design, the hard designs' MRE, the claims and seed 0's real answers."""
+    arms = result["arms"]
+    runs = [seed[""] for seed in records]
+    designs = list(dict.fromkeys(r["design"] for r in runs[0]["oracle"]["synthetic"]))
+    by_design = {arm: {d: float(np.mean([r["error"] for seed in runs for r in seed[arm]["synthetic"]
+                                         if r["design"] == d])) for d in designs} for arm in arms}
+    hard = [d for d in HARD_DESIGNS if d in designs]
+    hard_mre = {arm: float(np.mean([by_design[arm][d] for d in hard])) for arm in arms}
+    claims = {
+        "oracle synthetic MRE < 0.1": arms["oracle"]["synthetic/mre"]["mean"] < 0.1,
+        "rule-based synthetic MRE within 0.05 of the oracle":
+            arms["rule-based"]["synthetic/mre"]["mean"] - arms["oracle"]["synthetic/mre"]["mean"] < 0.05,
+        "forced OLS MRE on IV/RDD/DiD/front-door >= 3x the oracle's": hard_mre["forced OLS"] >= 3 * hard_mre["oracle"],
+    }
+    return {"by_design": by_design, "hard_design_mre": hard_mre, "claims": claims,
+            "selector_best_val_method_acc": [seed["learned selector"]["best_val"] for seed in runs],
+            "real_queries_seed0_learned": [{k: r[k] for k in ("name", "reference_method", *TABLE[1:])}
+                                           for r in runs[0]["learned selector"]["real"]],
+            "real_queries_seed0_rule_based": [{k: r[k] for k in TABLE} for r in runs[0]["rule-based"]["real"]],
+            "real_queries_seed0_forced_ols": [{k: r[k] for k in TABLE} for r in runs[0]["forced OLS"]["real"]]}
 
 
-def summary(records: list[dict]) -> dict[str, float]:
-    return {"method_acc": float(np.mean([r["method_correct"] for r in records])),
-            "mre": float(np.mean([r["error"] for r in records]))}
-
-
-def plot(by_design: dict, real: dict, path) -> None:
+def plot(result: dict, path) -> None:
+    """MRE per design and arm (synthetic) and on the real queries."""
+    by_design = result["by_design"]
+    real = {arm: cells["real/mre"]["mean"] for arm, cells in result["arms"].items()}
     import matplotlib
 
     matplotlib.use("Agg")
@@ -84,74 +92,9 @@ def plot(by_design: dict, real: dict, path) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = kit.experiment_parser(__doc__.splitlines()[0], seeds=3)
-    parser.add_argument("--epochs", type=int, default=30, help="selector training epochs")
-    parser.add_argument("--train-per-design", type=int, default=40)
-    parser.add_argument("--val-per-design", type=int, default=10)
-    parser.add_argument("--test-per-design", type=int, default=15)
-    parser.add_argument("--rows", type=int, default=1000, help="rows of each synthetic data file")
-    args = parser.parse_args(argv)
-    if args.smoke:
-        args.epochs, args.train_per_design, args.val_per_design, args.test_per_design, args.rows = 2, 3, 1, 1, 200
-    kit.quiet_single_thread()
-    from lightning_modules.causal_agent import CausalInferenceAgent
+if __name__ == "__main__":  # the older spelling: python -m experiments.causcibench [flags]
+    import sys
 
-    start = time.perf_counter()
-    per_seed, records_per_seed, selector_val = [], [], []
-    for seed in kit.progress(range(args.seeds), "seeds"):
-        learned, data, best = train_selector(seed, args)
-        selector_val.append(best)
-        data.hparams.test_per_design = args.test_per_design
-        synthetic = data.synthetic("test", args.test_per_design)
-        data.hparams.test_source = "real"
-        if args.smoke:
-            data.real_names = SMOKE_REAL
-        data.setup("test")
-        real = data.test_queries
-        row, kept = {}, {}
-        for arm, agent in kit.progress(ARMS.items(), "arms", total=len(ARMS)):
-            model = learned if agent == "learned" else CausalInferenceAgent(agent=agent)
-            synthetic_records, real_records = evaluate(model, synthetic), evaluate(model, real)
-            row[arm] = {**{f"synthetic/{k}": v for k, v in summary(synthetic_records).items()},
-                        **{f"real/{k}": v for k, v in summary(real_records).items()}}
-            kept[arm] = {"synthetic": synthetic_records, "real": real_records}
-        per_seed.append(row)
-        records_per_seed.append(kept)
-    arms = kit.summarise(per_seed)
-    designs = list(dict.fromkeys(r["design"] for r in records_per_seed[0]["oracle"]["synthetic"]))
-    by_design = {arm: {d: float(np.mean([r["error"] for seed in records_per_seed for r in seed[arm]["synthetic"]
-                                         if r["design"] == d])) for d in designs} for arm in ARMS}
-    real_mre = {arm: arms[arm]["real/mre"]["mean"] for arm in ARMS}
-    hard = [d for d in HARD_DESIGNS if d in designs]
-    hard_mre = {arm: float(np.mean([by_design[arm][d] for d in hard])) for arm in ARMS}
-    claims = {
-        "oracle synthetic MRE < 0.1": arms["oracle"]["synthetic/mre"]["mean"] < 0.1,
-        "rule-based synthetic MRE within 0.05 of the oracle":
-            arms["rule-based"]["synthetic/mre"]["mean"] - arms["oracle"]["synthetic/mre"]["mean"] < 0.05,
-        "forced OLS MRE on IV/RDD/DiD/front-door >= 3x the oracle's": hard_mre["forced OLS"] >= 3 * hard_mre["oracle"],
-    }
-    wall = time.perf_counter() - start
-    real_examples = [{k: r[k] for k in ("name", "reference_method", "method", "estimate", "reference", "error")}
-                     for r in records_per_seed[0]["learned selector"]["real"]]
-    result = kit.write_result(
-        PAPER, seeds=args.seeds, wall_s=wall, name="causcibench",
-        config={k: getattr(args, k) for k in ("epochs", "train_per_design", "val_per_design", "test_per_design",
-                                              "rows", "smoke")} | {"model_config": CONFIG},
-        arms=arms, per_seed=per_seed, out=args.out, by_design=by_design, hard_design_mre=hard_mre,
-        claims=claims, selector_best_val_method_acc=selector_val, real_queries_seed0_learned=real_examples,
-        real_queries_seed0_rule_based=[{k: r[k] for k in ("name", "method", "estimate", "reference", "error")}
-                                       for r in records_per_seed[0]["rule-based"]["real"]],
-        real_queries_seed0_forced_ols=[{k: r[k] for k in ("name", "method", "estimate", "reference", "error")}
-                                       for r in records_per_seed[0]["forced OLS"]["real"]])
-    from pathlib import Path
+    from experiments.runner import experiment_command
 
-    plot(by_design, real_mre, Path(args.out) / "causcibench.png")
-    print(kit.markdown_table(arms, ["synthetic/method_acc", "synthetic/mre", "real/method_acc", "real/mre"]))
-    print("MRE per design:", {arm: {d: round(v, 3) for d, v in m.items()} for arm, m in by_design.items()})
-    print("claims:", claims, f"wall {wall:.0f} s")
-    return result
-
-
-if __name__ == "__main__":
-    main()
+    sys.exit(experiment_command(["causcibench", *sys.argv[1:]]))

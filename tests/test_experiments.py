@@ -1,4 +1,5 @@
-"""The experiments kit, and every ``experiments/*.py`` script run with ``--smoke`` against the one JSON schema."""
+"""The experiments kit, every ``configs/*/experiment.yaml`` run through the runner with ``--smoke``, and every
+remaining ``experiments/*.py`` script run with ``--smoke``, all against the one JSON schema."""
 from __future__ import annotations
 
 import importlib
@@ -15,12 +16,15 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from conftest import ScriptedScores
-from experiments import kit
+from experiments import kit, runner
 
 EXPERIMENTS = Path(kit.__file__).resolve().parent
-# every script: not the package, not the kit, not private helpers shared by scripts (``_name.py``)
-SCRIPTS = sorted(p.stem for p in EXPERIMENTS.glob("*.py") if p.stem not in ("__init__", "kit")
-                 and not p.stem.startswith("_"))
+# papers whose protocol is configs/<paper>/experiment.yaml: run by the runner; their module holds only its hooks
+CONFIGURED = runner.available()
+# every script: not the package, not the kit or the runner, not private helpers shared by scripts (``_name.py``),
+# not the hooks of a configured experiment, not the paper-scale check (its own schema, tests/test_paper_scale.py)
+SCRIPTS = sorted(p.stem for p in EXPERIMENTS.glob("*.py") if p.stem not in ("__init__", "kit", "runner", "paper_scale")
+                 and not p.stem.startswith("_") and p.stem not in CONFIGURED)
 
 
 # --------------------------------------------------------------------------------------------- schema
@@ -44,6 +48,19 @@ def check_schema(result: dict) -> None:
 
 def test_there_are_scripts():
     assert "knapsack_rl" in SCRIPTS and "kit" not in SCRIPTS and len(SCRIPTS) >= 10, SCRIPTS
+    assert {"causcibench", "ec_cem"} <= set(CONFIGURED), CONFIGURED
+
+
+@pytest.mark.parametrize("paper", CONFIGURED)
+def test_configured_experiment_has_no_command_line_of_its_own(paper):
+    """A configured paper's module holds hooks only: no argparse, no ``main`` that could drift from the YAML."""
+    source = (EXPERIMENTS / f"{paper}.py").read_text()
+    assert "argparse" not in source and "experiment_parser" not in source, paper
+    assert not hasattr(importlib.import_module(f"experiments.{paper}"), "main"), paper
+    spec = runner.load_spec(paper)
+    assert spec.metrics and spec.baseline, f"{paper}: experiment.yaml must name the metrics and the baseline arm"
+    for hook in spec.hooks.values():
+        runner.resolve_hook(hook)
 
 
 def _files_under(*folders: Path) -> dict[Path, int]:
@@ -110,6 +127,31 @@ def test_smoke_run_writes_the_schema(script, tmp_path, monkeypatch):
     assert matches, f"{script}: no JSON in --out equals the returned dict ({sorted(written)})"
     for data in written.values():
         check_schema(data)
+
+
+@pytest.mark.parametrize("paper", CONFIGURED)
+def test_configured_smoke_run_writes_the_schema(paper, tmp_path, monkeypatch):
+    monkeypatch.setattr("tqdm.auto.tqdm", _CountingBar)
+    monkeypatch.chdir(tmp_path)  # trainer outputs go to a temporary folder, never to ./runs
+    _CountingBar.ticks = 0
+    out = tmp_path / "out"
+    before = _files_under(kit.RESULTS)
+    assert runner.experiment_command([paper, "--smoke", "--seeds", "1", "--out", str(out)]) == 0
+    assert _files_under(kit.RESULTS) == before, f"{paper}: the smoke run wrote into results/"
+    spec = runner.load_spec(paper, smoke=True)
+    runs = len(spec.arms) * (1 + len(spec.variants))
+    assert _CountingBar.ticks == runs, f"{paper}: {_CountingBar.ticks} progress ticks for {runs} runs"
+    assert {f"{paper}.json", f"{paper}.png"} <= {p.name for p in out.iterdir()}
+    assert not (tmp_path / "runs").exists()
+    result = json.loads((out / f"{paper}.json").read_text())
+    check_schema(result)
+    names = [arm.name for arm in spec.arms]  # an evaluate hook may add derived arms after the one it measured
+    assert result["seeds"] == 1 and [arm for arm in result["arms"] if arm in names] == names
+    assert set(spec.metrics) <= set.union(*(set(cells) for cells in result["arms"].values())), paper
+    assert list(result["paired"]) == [f"{arm} - {spec.baseline}" for arm in result["arms"] if arm != spec.baseline]
+    for cells in result["paired"].values():
+        for cell in cells.values():
+            assert cell["n"] == 1 and cell["lo"] is None and math.isfinite(cell["mean"])
 
 
 def test_ldarnet_speed_only_writes_the_schema(tmp_path):

@@ -1,0 +1,598 @@
+"""One runner for every paper's experiment: ``python -m experiments NAME [--smoke] [--seeds N] [--out DIR] [--check]``
+(also ``icml26 experiment NAME ...``; ``--set KEY=VALUE --name STEM`` runs an ablation of the whole protocol).
+
+The protocol is configuration, ``configs/<NAME>/experiment.yaml``::
+
+    title: "Paper title (venue)"           # the JSON's "paper" (default: NAME)
+    seeds: 3                               # seeds 0 .. seeds-1 (``--seeds`` overrides)
+    configs: [configs/<NAME>/quick.yaml]   # the default config files of every arm
+    overrides: {trainer.max_epochs: 30}    # dotted keys, exactly as CLI flags (``--trainer.max_epochs=30``)
+    arms:                                  # name -> overlay
+      baseline: {configs: [...], overrides: {...}, fit: true}   # configs replace the default list
+      method: {overrides: {model.init_args.x: 1}}
+    variants:                              # optional: more settings of every arm, reported apart
+      noise=2.0: {group: other_noise, overrides: {data.init_args.noise: 2.0}, keep: [acc]}
+    smoke: {overrides: {...}, seeds: 1, variants: [], settings: {...}}   # a seconds-long run
+    metrics: [acc]                         # the table's columns and the paired differences
+    baseline: baseline                     # paired differences "<arm> - <baseline>" over seeds
+    settings: {...}                        # free values for the hooks (``run.settings``)
+    evaluate: experiments.<NAME>:evaluate  # optional: run -> {metric: value}; default trainer.test
+    report: experiments.<NAME>:report      # optional: (result, records) -> extra JSON keys
+    plot: experiments.<NAME>:plot          # optional: (result, png path) -> None
+
+For every seed S and arm (and variant) the runner builds everything exactly as ``python train.py fit --config ...
+<flags>`` would (``train.main(args, run=False)``: model, datamodule and the trainer with the YAML's callbacks), with
+``--seed_everything=S`` and, when the datamodule takes a ``seed``, ``--data.init_args.seed=S``; overrides apply in
+the order experiment, arm, variant, smoke. Then ``trainer.fit`` (unless the arm says ``fit: false``) and
+``trainer.test`` from the best checkpoint of the config's ModelCheckpoint (or the ``evaluate`` hook). Trainer outputs
+(checkpoints, logs) go to a temporary folder, never to ``runs/``. The result, ``<out>/<NAME>.json``, has the schema of
+`experiments.kit.write_result` plus ``paired``: ``{"<arm> - <baseline>": {metric: {"mean", "lo", "hi", "n"}}}``,
+the mean paired difference over seeds with its 95% t interval (``lo``/``hi`` null with fewer than 2 seeds).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import inspect
+import json
+import logging
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from experiments import kit
+
+TOP_KEYS = {"title", "seeds", "configs", "overrides", "arms", "variants", "smoke", "metrics", "baseline", "settings",
+            "evaluate", "report", "plot"}
+ARM_KEYS = {"configs", "overrides", "fit"}
+VARIANT_KEYS = {"group", "overrides", "keep"}
+SMOKE_KEYS = {"overrides", "seeds", "variants", "settings"}
+HOOKS = ("evaluate", "report", "plot")
+# JSON keys the runner writes itself (a variant group may not take one)
+RUNNER_KEYS = {"paper", "seeds", "wall_s", "config", "arms", "per_seed", "machine", "paired"}
+# flags the runner sets itself: the seeds are linked, the trainer's outputs go to the run's folder
+RESERVED = ("seed_everything", "data.init_args.seed", "trainer.default_root_dir")
+
+
+class ExperimentError(ValueError):
+    """An experiment.yaml that cannot run: the message names the file, the key and the fix."""
+
+
+# ------------------------------------------------------------------------------------------- the spec
+@dataclass
+class Arm:
+    name: str
+    configs: list[str]
+    overrides: dict[str, Any]
+    fit: bool = True
+
+
+@dataclass
+class Variant:
+    name: str
+    group: str
+    overrides: dict[str, Any]
+    keep: list[str] | None = None
+
+
+@dataclass
+class Spec:
+    name: str
+    path: Path
+    title: str
+    seeds: int
+    arms: list[Arm]
+    variants: list[Variant]
+    overrides: dict[str, Any]
+    metrics: list[str]
+    baseline: str | None
+    settings: dict[str, Any]
+    hooks: dict[str, str]
+    smoke: bool = False
+    smoke_overrides: dict[str, Any] = field(default_factory=dict)  # applied last, over every layer
+
+
+def experiment_path(name: str) -> Path:
+    return kit.REPO_ROOT / "configs" / name / "experiment.yaml"
+
+
+def available() -> list[str]:
+    """The papers that have an experiment.yaml."""
+    return sorted(p.parent.name for p in (kit.REPO_ROOT / "configs").glob("*/experiment.yaml"))
+
+
+def _mapping(value: Any, where: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ExperimentError(f"{where} must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def _check_keys(value: dict, allowed: set[str], where: str) -> None:
+    unknown = sorted(set(value) - allowed)
+    if unknown:
+        raise ExperimentError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+
+
+def _overrides(value: Any, where: str) -> dict[str, Any]:
+    value = _mapping(value, where)
+    for key in value:
+        if not isinstance(key, str) or key.startswith("-") or not key:
+            raise ExperimentError(f"{where}: key {key!r} must be a dotted option without dashes, "
+                                  "e.g. trainer.max_epochs")
+        if key in RESERVED:
+            raise ExperimentError(f"{where}: {key} is set by the runner (one seed drives seed_everything and the "
+                                  "data seed; trainer outputs go to a temporary folder); remove it")
+    return dict(value)
+
+
+def _configs(value: Any, where: str) -> list[str]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise ExperimentError(f"{where} must be a non-empty list of config files")
+    for config in value:
+        if not (kit.REPO_ROOT / config).is_file():
+            raise ExperimentError(f"{where}: no config file {config} (paths are relative to the repository root)")
+    return list(value)
+
+
+def _names(value: Any, where: str) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ExperimentError(f"{where} must be a list of names")
+    return list(value)
+
+
+def load_spec(name: str, smoke: bool = False, path: str | Path | None = None) -> Spec:
+    """Read and validate ``configs/<name>/experiment.yaml`` (or ``path``), with the smoke overlay applied."""
+    path = Path(path) if path is not None else experiment_path(name)
+    if not path.is_file():
+        known = ", ".join(available()) or "none"
+        raise ExperimentError(f"no experiment '{name}': {path} does not exist (experiments: {known})")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ExperimentError(f"{path}: not valid YAML: {err}") from None
+    where = str(path)
+    raw = _mapping(raw, where)
+    _check_keys(raw, TOP_KEYS, where)
+    default_configs = _configs(raw["configs"], f"{where}: configs") if "configs" in raw else None
+    arms_raw = _mapping(raw.get("arms"), f"{where}: arms")
+    if not arms_raw:
+        raise ExperimentError(f"{where}: arms is missing or empty; give at least one arm")
+    arms = []
+    for arm_name, arm_raw in arms_raw.items():
+        arm_where = f"{where}: arms.{arm_name}"
+        arm_raw = _mapping(arm_raw, arm_where)
+        _check_keys(arm_raw, ARM_KEYS, arm_where)
+        if "configs" in arm_raw:
+            configs = _configs(arm_raw["configs"], f"{arm_where}.configs")
+        elif default_configs is not None:
+            configs = default_configs
+        else:
+            raise ExperimentError(f"{arm_where}: no config files (give configs at the top or in the arm)")
+        fit = arm_raw.get("fit", True)
+        if not isinstance(fit, bool):
+            raise ExperimentError(f"{arm_where}.fit must be true or false")
+        arms.append(Arm(str(arm_name), configs, _overrides(arm_raw.get("overrides"), f"{arm_where}.overrides"),
+                        fit))
+    variants = []
+    for variant_name, variant_raw in _mapping(raw.get("variants"), f"{where}: variants").items():
+        variant_where = f"{where}: variants.{variant_name}"
+        variant_raw = _mapping(variant_raw, variant_where)
+        _check_keys(variant_raw, VARIANT_KEYS, variant_where)
+        group = variant_raw.get("group", "variants")
+        if not isinstance(group, str) or group in RUNNER_KEYS or group.startswith("per_seed"):
+            raise ExperimentError(f"{variant_where}.group must be a name other than {sorted(RUNNER_KEYS)} "
+                                  "and per_seed*")
+        keep = variant_raw.get("keep")
+        variants.append(Variant(str(variant_name), group,
+                                _overrides(variant_raw.get("overrides"), f"{variant_where}.overrides"),
+                                None if keep is None else _names(keep, f"{variant_where}.keep")))
+    seeds = raw.get("seeds", 1)
+    overrides = _overrides(raw.get("overrides"), f"{where}: overrides")
+    settings = dict(_mapping(raw.get("settings"), f"{where}: settings"))
+    smoke_raw = _mapping(raw.get("smoke"), f"{where}: smoke")
+    _check_keys(smoke_raw, SMOKE_KEYS, f"{where}: smoke")
+    smoke_overrides = _overrides(smoke_raw.get("overrides"), f"{where}: smoke.overrides")
+    if smoke:
+        settings.update(_mapping(smoke_raw.get("settings"), f"{where}: smoke.settings"))
+        seeds = smoke_raw.get("seeds", seeds)
+        if "variants" in smoke_raw:
+            kept = _names(smoke_raw["variants"], f"{where}: smoke.variants")
+            unknown = sorted(set(kept) - {v.name for v in variants})
+            if unknown:
+                raise ExperimentError(f"{where}: smoke.variants names unknown variants {unknown}")
+            variants = [v for v in variants if v.name in kept]
+    if not isinstance(seeds, int) or seeds < 1:
+        raise ExperimentError(f"{where}: seeds must be a positive integer, got {seeds!r}")
+    metrics = _names(raw.get("metrics"), f"{where}: metrics")
+    baseline = raw.get("baseline")
+    if baseline is not None and baseline not in arms_raw:
+        raise ExperimentError(f"{where}: baseline {baseline!r} is not an arm ({list(arms_raw)})")
+    hooks = {}
+    for hook in HOOKS:
+        if hook in raw:
+            target = raw[hook]
+            if not isinstance(target, str) or target.count(":") != 1:
+                raise ExperimentError(f"{where}: {hook} must be 'module:function', got {target!r}")
+            hooks[hook] = target
+    return Spec(name, path, str(raw.get("title", name)), seeds, arms, variants, overrides, metrics, baseline,
+                settings, hooks, smoke, smoke_overrides if smoke else {})
+
+
+def resolve_hook(target: str) -> Callable:
+    module_name, function_name = target.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ExperimentError(f"hook {target}: cannot import {module_name} ({err})") from None
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise ExperimentError(f"hook {target}: {module_name} has no function {function_name}")
+    return function
+
+
+def flag(key: str, value: Any) -> str:
+    """``--key=value`` as the CLI reads it (strings as given, everything else as JSON, which is YAML)."""
+    return f"--{key}={value if isinstance(value, str) else json.dumps(value)}"
+
+
+def arm_flags(spec: Spec, arm: Arm, variant: Variant | None = None) -> list[str]:
+    """The CLI arguments of ``arm`` (and ``variant``), seed and output folder excluded."""
+    overrides = {**spec.overrides, **arm.overrides, **(variant.overrides if variant else {}), **spec.smoke_overrides}
+    args = []
+    for config in arm.configs:
+        args += ["--config", str(kit.REPO_ROOT / config)]
+    return args + [flag(k, v) for k, v in overrides.items()]
+
+
+# ------------------------------------------------------------------------------------------- one run
+@dataclass
+class Run:
+    """One seed x arm (x variant): the CLI objects and what the hooks need."""
+    spec: Spec
+    arm: Arm
+    variant: Variant | None
+    seed: int
+    root: Path
+    out: Path
+    cli: Any = None
+    fitted: bool = False
+    extra: dict = field(default_factory=dict)  # per-run records a hook keeps for `report`
+    # metrics of further arms measured on this run's trained model (another evaluation of the same weights), which
+    # the evaluate hook adds; they follow this arm in the result
+    derived: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    @property
+    def model(self):
+        return self.cli.model
+
+    @property
+    def datamodule(self):
+        return self.cli.datamodule
+
+    @property
+    def trainer(self):
+        return self.cli.trainer
+
+    @property
+    def settings(self) -> dict:
+        return self.spec.settings
+
+    def build(self, args: list[str]):
+        """A LightningCLI (not run) of ``args`` plus this run's seed and output folder (``--seed_everything``, the
+        datamodule's ``seed`` when it takes one, ``--trainer.default_root_dir``), as train.py would build it."""
+        return build_cli(args, self.seed, self.root)
+
+    def best_checkpoint(self) -> str | None:
+        """After ``fit``, the best checkpoint of the config's ModelCheckpoint that monitors a metric (of the first
+        ModelCheckpoint when none monitors: its latest); None when not fitted or nothing was saved."""
+        callbacks = self.trainer.checkpoint_callbacks if self.fitted else []
+        monitored = [c for c in callbacks if getattr(c, "monitor", None)]
+        callback = (monitored or callbacks or [None])[0]
+        path = getattr(callback, "best_model_path", "") if callback is not None else ""
+        return path or None
+
+    def load_best(self) -> None:
+        """Load the best checkpoint's weights into the model (what ``trainer.test(ckpt_path='best')`` tests)."""
+        path = self.best_checkpoint()
+        if path is not None:
+            state = torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
+            self.model.load_state_dict(state)
+
+    def test(self, **kwargs) -> dict[str, float]:
+        """``trainer.test`` on the datamodule (or ``dataloaders=``) from the best checkpoint; the logged metrics
+        with the ``test/`` prefix removed."""
+        if "dataloaders" not in kwargs:
+            kwargs["datamodule"] = self.datamodule
+        outputs = self.trainer.test(self.model, ckpt_path=self.best_checkpoint(), verbose=False, **kwargs)
+        merged = {k: v for output in outputs for k, v in output.items()}
+        return {k.removeprefix("test/"): float(v) for k, v in merged.items()}
+
+
+def _takes_seed(cls: type) -> bool:
+    return "seed" in inspect.signature(cls.__init__).parameters
+
+
+_DATA_TAKES_SEED: dict[tuple[str, ...], bool] = {}
+
+
+def build_cli(args: list[str], seed: int, root: Path):
+    """``train.main(args + seed flags, run=False)``; global torch state is restored afterwards by `isolated`."""
+    import train
+
+    base = [*args, f"--seed_everything={seed}", f"--trainer.default_root_dir={root}"]
+    key = tuple(args)
+    try:
+        if key not in _DATA_TAKES_SEED:  # the first build tells whether the datamodule has a seed to link
+            cli = train.main(base, run=False)
+            _DATA_TAKES_SEED[key] = cli.datamodule is not None and _takes_seed(type(cli.datamodule))
+            if not _DATA_TAKES_SEED[key]:
+                return cli
+        cli = train.main([*base, f"--data.init_args.seed={seed}"] if _DATA_TAKES_SEED[key] else base, run=False)
+    except SystemExit as err:
+        raise ExperimentError(f"the CLI refused the arguments {' '.join(args)} (its error is printed above)") \
+            from err
+    return cli
+
+
+class isolated:
+    """Restore torch's deterministic-algorithm switch and CUBLAS_WORKSPACE_CONFIG after a run (a config's
+    ``deterministic: true`` sets them for the whole process)."""
+
+    def __enter__(self):
+        self.state = (torch.are_deterministic_algorithms_enabled(),
+                      torch.is_deterministic_algorithms_warn_only_enabled(), os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        deterministic, warn_only, cublas = self.state
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+        if cublas is None:
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+        else:
+            os.environ["CUBLAS_WORKSPACE_CONFIG"] = cublas
+
+
+QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+
+
+def execute(run: Run, evaluate: Callable | None) -> dict[str, float]:
+    """Build, fit (unless the arm says no), evaluate; returns the run's metrics."""
+    with isolated():
+        run.cli = run.build(arm_flags(run.spec, run.arm, run.variant) + QUIET)
+        if run.arm.fit:
+            run.trainer.fit(run.model, datamodule=run.datamodule)
+            run.fitted = True
+        metrics = evaluate(run) if evaluate is not None else run.test()
+    return _kept(run, metrics)
+
+
+def _kept(run: Run, metrics: dict) -> dict[str, float]:
+    """The metrics as floats, only those the variant keeps."""
+    keep = run.variant.keep if run.variant is not None else None
+    return {k: float(v) for k, v in metrics.items() if keep is None or k in keep}
+
+
+# ------------------------------------------------------------------------------------------- statistics
+def paired(per_seed: list[dict], baseline: str, metrics: list[str]) -> dict:
+    """``{"<arm> - <baseline>": {metric: {"mean", "lo", "hi", "n"}}}``: the mean over seeds of the per-seed
+    difference and its 95% Student-t interval (``lo``/``hi`` None with fewer than 2 seeds)."""
+    from scipy import stats
+
+    arms = list(dict.fromkeys(arm for row in per_seed for arm in row))
+    out = {}
+    for arm in arms:
+        if arm == baseline:
+            continue
+        cells = {}
+        for metric in metrics:
+            diffs = [row[arm][metric] - row[baseline][metric] for row in per_seed
+                     if metric in row.get(arm, {}) and metric in row.get(baseline, {})]
+            if not diffs:
+                continue
+            n = len(diffs)
+            mean = sum(diffs) / n
+            if n < 2:
+                lo = hi = None
+            else:
+                sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
+                half = float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
+                lo, hi = mean - half, mean + half
+            cells[metric] = {"mean": mean, "lo": lo, "hi": hi, "n": n}
+        if cells:
+            out[f"{arm} - {baseline}"] = cells
+    return out
+
+
+def paired_table(pairs: dict, digits: int = 3) -> str:
+    lines = ["| difference | metric | mean | 95% interval | n |", "|---|---|---|---|---|"]
+    for name, cells in pairs.items():
+        for metric, c in cells.items():
+            interval = "-" if c["lo"] is None else f"[{c['lo']:.{digits}f}, {c['hi']:.{digits}f}]"
+            lines.append(f"| {name} | {metric} | {c['mean']:.{digits}f} | {interval} | {c['n']} |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------- the experiment
+def run_experiment(name: str, *, smoke: bool = False, seeds: int | None = None, out: str | Path = kit.RESULTS,
+                   keep_runs: bool = False, spec_path: str | Path | None = None,
+                   overrides: dict[str, Any] | None = None, result_name: str | None = None) -> dict:
+    """Run every seed x arm (x variant) of ``configs/<name>/experiment.yaml``; writes and returns the result.
+
+    ``overrides`` (dotted keys) apply to every arm after all the experiment's layers (an ablation of the whole
+    protocol); ``result_name`` replaces ``name`` as the stem of the JSON and PNG."""
+    spec = load_spec(name, smoke=smoke, path=spec_path)
+    spec.smoke_overrides = {**spec.smoke_overrides, **_overrides(overrides, "--set")}
+    stem = result_name or name
+    if seeds is not None:
+        if seeds < 1:
+            raise ExperimentError(f"--seeds must be at least 1, got {seeds}")
+        spec.seeds = seeds
+    hooks = {hook: resolve_hook(target) for hook, target in spec.hooks.items()}
+    kit.quiet_single_thread()
+    logging.getLogger("lightning_modules").setLevel(logging.ERROR)  # the modules' notes; errors still show
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = [(None, arm) for arm in spec.arms] + [(v, arm) for v in spec.variants for arm in spec.arms]
+    start = time.perf_counter()
+    per_seed: list[dict] = []
+    per_seed_groups: dict[str, list[dict]] = {v.group: [] for v in spec.variants}
+    records: list[dict] = []
+    scratch = tempfile.TemporaryDirectory(prefix=f"{name}_runs_")
+    runs_root = out / f"{name}_runs" if keep_runs else Path(scratch.name)
+    done, total = 0, spec.seeds * len(settings)
+    bar = kit.progress(None, name, total=total)
+    try:
+        for seed in range(spec.seeds):
+            row: dict = {}
+            groups: dict[str, dict] = {v.group: {} for v in spec.variants}
+            kept: dict = {}
+            for variant, arm in settings:
+                label = arm.name if variant is None else f"{variant.name}/{arm.name}"
+                bar.set_postfix_str(f"seed {seed} {label}")
+                root = runs_root / f"seed{seed}" / _slug(label)
+                run = Run(spec, arm, variant, seed, root, out)
+                began = time.perf_counter()
+                metrics = execute(run, hooks.get("evaluate"))
+                if getattr(bar, "disable", False) is True:  # no terminal (a log file): one line per run instead
+                    print(f"{name}: seed {seed} {label} done in {time.perf_counter() - began:.0f} s "
+                          f"({done + 1}/{total})", file=sys.stderr, flush=True)
+                done += 1
+                measured = {arm.name: metrics, **{k: _kept(run, v) for k, v in run.derived.items()}}
+                if variant is None:
+                    row.update(measured)
+                else:
+                    groups[variant.group].setdefault(variant.name, {}).update(measured)
+                if run.extra:
+                    kept.setdefault(variant.name if variant else "", {})[arm.name] = run.extra
+                bar.update()
+            per_seed.append(row)
+            for group, values in groups.items():
+                per_seed_groups[group].append(values)
+            records.append(kept)
+    finally:
+        bar.close()
+        scratch.cleanup()
+    arms = kit.summarise(per_seed)
+    extra: dict[str, Any] = {}
+    for group, rows in per_seed_groups.items():
+        names = list(dict.fromkeys(n for r in rows for n in r))
+        extra[group] = {n: kit.summarise([r[n] for r in rows if n in r]) for n in names}
+        extra[f"per_seed_{group}"] = rows
+    if spec.baseline is not None:
+        extra["paired"] = paired(per_seed, spec.baseline, spec.metrics or list(next(iter(arms.values()))))
+    config = {"experiment": str(spec.path.relative_to(kit.REPO_ROOT)) if spec.path.is_relative_to(kit.REPO_ROOT)
+              else str(spec.path), "smoke": smoke, **({"set": dict(overrides)} if overrides else {}),
+              "arms": {arm.name: _shown(arm_flags(spec, arm), arm.fit) for arm in spec.arms}}
+    if spec.variants:
+        config["variants"] = {v.name: {arm.name: _shown(arm_flags(spec, arm, v), arm.fit) for arm in spec.arms}
+                              for v in spec.variants}
+    if spec.settings:
+        config["settings"] = copy.deepcopy(spec.settings)
+    result = {"arms": arms, "per_seed": per_seed, **extra}
+    if "report" in hooks:
+        extra.update(hooks["report"](result, records) or {})
+    wall = time.perf_counter() - start
+    result = kit.write_result(spec.title, name=stem, seeds=spec.seeds, wall_s=wall, config=config, arms=arms,
+                              per_seed=per_seed, out=out, **extra)
+    if "plot" in hooks:
+        hooks["plot"](result, out / f"{stem}.png")
+    print(kit.markdown_table(arms, spec.metrics or None))
+    for group in per_seed_groups:
+        for variant_name, table in result[group].items():
+            print(f"\n{group}: {variant_name}\n{kit.markdown_table(table)}")
+    if result.get("paired"):
+        print("\n" + paired_table(result["paired"]))
+    print(f"\nwall {wall:.0f} s ({spec.seeds} seeds); wrote {out / f'{stem}.json'}")
+    return result
+
+
+def _slug(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in label)
+
+
+def _shown(flags: list[str], fit: bool) -> list[str]:
+    """The arm's CLI arguments as a user would type them (config paths relative to the repository root)."""
+    root = str(kit.REPO_ROOT) + os.sep
+    return [f.removeprefix(root) for f in flags] + ([] if fit else ["(test only, no fit)"])
+
+
+# ------------------------------------------------------------------------------------------- command line
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="icml26 experiment",
+                                description="Run a paper's experiment from configs/<NAME>/experiment.yaml.")
+    p.add_argument("name", help="the paper (a folder of configs/ with an experiment.yaml)")
+    p.add_argument("--smoke", action="store_true", help="the experiment's smoke overlay: tiny sizes, seconds")
+    p.add_argument("--seeds", type=int, default=None, help="number of seeds 0..N-1 (default: the experiment's)")
+    p.add_argument("--out", default=str(kit.RESULTS), help="folder for <NAME>.json and <NAME>.png")
+    p.add_argument("--keep-runs", action="store_true",
+                   help="keep the trainer outputs (checkpoints, logs) in <out>/<NAME>_runs instead of a temp folder")
+    p.add_argument("--check", action="store_true", help="check the paper's claim on the result; exit 1 unless held")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a dotted override for every arm, after all of experiment.yaml (repeatable), e.g. "
+                        "--set trainer.max_steps=2000: an ablation; give it its own --name")
+    p.add_argument("--name", dest="name_", metavar="STEM", default=None,
+                   help="stem of the result files (default: NAME)")
+    return p
+
+
+def _parse_set(items: list[str]) -> dict[str, Any]:
+    parsed = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ExperimentError(f"--set {item!r}: write KEY=VALUE, e.g. --set trainer.max_steps=2000")
+        parsed[key.removeprefix("--")] = value
+    return parsed
+
+
+def check(name: str, result_path: Path) -> int:
+    """``icml26.claims.check_paper(name, result_path)``: 0 when the verdict is ``held``, else 1."""
+    try:
+        from icml26.claims import check_paper
+    except ImportError as err:
+        print(f"error: --check needs icml26.claims.check_paper, which cannot be imported ({err})", file=sys.stderr)
+        return 2
+    from lightning_modules.errors import UserInputError
+
+    try:
+        outcome = check_paper(name, result_path)
+    except (UserInputError, FileNotFoundError) as err:  # no card or check for the paper, an unreadable result
+        print(f"error: --check: {err}", file=sys.stderr)
+        return 2
+    verdict = outcome if isinstance(outcome, str) else (
+        outcome.get("verdict") if isinstance(outcome, dict) else getattr(outcome, "verdict", None))
+    for line in (getattr(o, "figures", None) for o in getattr(outcome, "outcomes", ())):
+        if line:
+            print(line)
+    print(f"claim of {name}: {verdict}")
+    return 0 if verdict == "held" else 1
+
+
+def experiment_command(argv: list[str]) -> int:
+    """``icml26 experiment ...`` / ``python -m experiments ...``; returns the exit code."""
+    args = parser().parse_args(argv)
+    try:
+        run_experiment(args.name, smoke=args.smoke, seeds=args.seeds, out=args.out, keep_runs=args.keep_runs,
+                       overrides=_parse_set(args.set), result_name=args.name_)
+    except ExperimentError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.check:
+        return check(args.name, Path(args.out) / f"{args.name_ or args.name}.json")
+    return 0

@@ -1,0 +1,178 @@
+"""The experiment runner (`experiments.runner`) on tiny experiment.yaml files: validation errors, the seed that
+drives both ``seed_everything`` and the data seed, the default ``trainer.test`` path, paired intervals, ``--check``."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from experiments import kit, runner
+
+QUICK = "configs/tamed_sgd/quick.yaml"  # a few hundred scalar SGD steps: the cheapest config of the collection
+
+
+def write(tmp_path: Path, spec: dict) -> Path:
+    path = tmp_path / "experiment.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def tiny(**extra) -> dict:
+    spec = {"title": "tiny", "seeds": 2, "configs": [QUICK],
+            "overrides": {"trainer.max_steps": 5, "data.init_args.num_steps": 5, "model.init_args.start": [1.0, 0.5]},
+            "arms": {"tamed": {}, "plain": {"overrides": {"trainer.callbacks": []}}},
+            "metrics": ["f"], "baseline": "plain"}
+    spec.update(extra)
+    return spec
+
+
+# ------------------------------------------------------------------------------------------- validation
+@pytest.mark.parametrize("change, message", [
+    ({"arm": {"tamed": {}}}, r"unknown key\(s\) \['arm'\]"),
+    ({"arms": {"tamed": {"config": [QUICK]}}}, r"arms.tamed: unknown key\(s\) \['config'\]"),
+    ({"arms": {"tamed": {"configs": ["configs/tamed_sgd/nope.yaml"]}}}, "no config file configs/tamed_sgd/nope.yaml"),
+    ({"arms": {}}, "arms is missing or empty"),
+    ({"overrides": {"seed_everything": 3}}, "seed_everything is set by the runner"),
+    ({"overrides": {"data.init_args.seed": 3}}, "data.init_args.seed is set by the runner"),
+    ({"overrides": {"--trainer.max_steps": 3}}, "without dashes"),
+    ({"baseline": "nope"}, "baseline 'nope' is not an arm"),
+    ({"evaluate": "experiments.causcibench.evaluate"}, "evaluate must be 'module:function'"),
+    ({"seeds": 0}, "seeds must be a positive integer"),
+    ({"smoke": {"sizes": {}}}, r"smoke: unknown key\(s\) \['sizes'\]"),
+    ({"variants": {"v": {"group": "arms"}}}, "group must be a name other than"),
+    ({"arms": {"tamed": {"fit": "yes"}}}, "fit must be true or false"),
+])
+def test_invalid_experiment_yaml_is_one_clear_error(tmp_path, change, message):
+    with pytest.raises(runner.ExperimentError, match=message):
+        runner.load_spec("tiny", path=write(tmp_path, tiny(**change)))
+
+
+def test_unknown_experiment_names_the_known_ones(capsys):
+    assert runner.experiment_command(["no_such_paper", "--smoke"]) == 2
+    error = capsys.readouterr().err
+    assert "no experiment 'no_such_paper'" in error and "causcibench" in error
+
+
+def test_smoke_overlay_and_flag_order(tmp_path):
+    spec = tiny(variants={"big": {"group": "sizes", "overrides": {"trainer.max_steps": 7}},
+                          "other": {"overrides": {"trainer.max_steps": 9}}},
+                smoke={"overrides": {"trainer.max_steps": 2}, "seeds": 1, "variants": ["big"], "settings": {"k": 1}})
+    path = write(tmp_path, spec)
+    full = runner.load_spec("tiny", path=path)
+    assert full.seeds == 2 and [v.name for v in full.variants] == ["big", "other"] and full.settings == {}
+    plain = full.arms[1]
+    flags = runner.arm_flags(full, plain, full.variants[0])
+    assert flags[:2] == ["--config", str(kit.REPO_ROOT / QUICK)]
+    # experiment < arm < variant: the variant's max_steps wins, the arm's callbacks list is JSON (YAML) text
+    assert flags[2:] == ["--trainer.max_steps=7", "--data.init_args.num_steps=5", "--model.init_args.start=[1.0, 0.5]",
+                         "--trainer.callbacks=[]"]
+    smoke = runner.load_spec("tiny", smoke=True, path=path)
+    assert smoke.seeds == 1 and [v.name for v in smoke.variants] == ["big"] and smoke.settings == {"k": 1}
+    assert runner.arm_flags(smoke, plain, smoke.variants[0])[2] == "--trainer.max_steps=2"  # smoke wins over all
+
+
+# ------------------------------------------------------------------------------------------- running
+SEEN: list[dict] = []
+
+
+def record_seeds(run) -> dict[str, float]:
+    """An evaluate hook that records what the run was built with, then tests as the default path does."""
+    SEEN.append({"arm": run.arm.name, "seed": run.seed, "config_seed": run.cli.config["seed_everything"],
+                 "data_seed": run.datamodule.hparams.seed, "steps": run.trainer.global_step,
+                 "root": run.trainer.default_root_dir, "callbacks": [type(c).__name__ for c in run.trainer.callbacks]})
+    metrics = run.test()
+    run.extra["f"] = metrics["f"]
+    return metrics
+
+
+def report_extra(result: dict, records: list[dict]) -> dict:
+    return {"objectives": [{arm: r["f"] for arm, r in seed[""].items()} for seed in records]}
+
+
+def test_runs_every_seed_and_arm_as_the_cli_would(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # nothing may land in ./runs
+    SEEN.clear()
+    path = write(tmp_path, tiny(evaluate="test_runner:record_seeds", report="test_runner:report_extra",
+                                variants={"longer": {"group": "longer", "overrides": {"trainer.max_steps": 4},
+                                                     "keep": ["f"]}}))
+    result = runner.run_experiment("tiny", spec_path=path, out=tmp_path / "out")
+    assert [(s["arm"], s["seed"]) for s in SEEN] == [("tamed", 0), ("plain", 0), ("tamed", 0), ("plain", 0),
+                                                      ("tamed", 1), ("plain", 1), ("tamed", 1), ("plain", 1)]
+    for seen in SEEN:
+        assert seen["config_seed"] == seen["seed"] == seen["data_seed"]  # one seed drives both
+        assert seen["steps"] in (4, 5) and not Path(seen["root"]).is_relative_to(tmp_path)
+    # the YAML's callbacks are the trainer's: SGDTaming in the config, none in the arm that empties the list
+    assert "SGDTaming" in SEEN[0]["callbacks"] and "SGDTaming" not in SEEN[1]["callbacks"]
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "out" / "tiny_runs").exists()
+    on_disk = json.loads((tmp_path / "out" / "tiny.json").read_text())
+    assert on_disk == result and result["paper"] == "tiny" and result["seeds"] == 2
+    assert set(result["arms"]) == {"tamed", "plain"} and "grad_norm" in result["arms"]["tamed"]
+    assert set(result["longer"]["longer"]["tamed"]) == {"f"} and len(result["per_seed_longer"]) == 2
+    per_seed = [row["tamed"]["f"] - row["plain"]["f"] for row in result["per_seed"]]
+    cell = result["paired"]["tamed - plain"]["f"]
+    assert cell["n"] == 2 and cell["mean"] == pytest.approx(sum(per_seed) / 2)
+    assert result["objectives"] == [{arm: row[arm]["f"] for arm in row} for row in result["per_seed"]]
+    assert result["config"]["arms"]["plain"][-1] == "--trainer.callbacks=[]"
+    assert "| tamed |" in capsys.readouterr().out
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_default_evaluation_is_trainer_test_and_fit_false_skips_training(tmp_path):
+    path = write(tmp_path, tiny(seeds=1, arms={"trained": {}, "untrained": {"fit": False}}, baseline="untrained"))
+    result = runner.run_experiment("tiny", spec_path=path, out=tmp_path)
+    trained, untrained = result["per_seed"][0]["trained"], result["per_seed"][0]["untrained"]
+    assert set(trained) >= {"f", "grad_norm", "diverged"}  # test/ prefix removed
+    from lightning_modules.tamed_sgd import ExpSaddle
+
+    assert untrained["f"] == pytest.approx(float(ExpSaddle.value(torch.tensor([1.0, 0.5]))), rel=1e-6)  # the start
+    assert trained["f"] != pytest.approx(untrained["f"])
+    assert result["paired"]["trained - untrained"]["f"]["lo"] is None  # one seed: no interval
+
+
+def test_cli_refusal_is_one_error(tmp_path, capsys):
+    path = write(tmp_path, tiny(seeds=1, overrides={"trainer.max_stepz": 5}))
+    with pytest.raises(runner.ExperimentError, match="the CLI refused the arguments"):
+        runner.run_experiment("tiny", spec_path=path, out=tmp_path)
+    assert "max_stepz" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------- statistics
+def test_paired_interval_on_hand_values():
+    per_seed = [{"b": {"m": 0.0}, "a": {"m": 1.0}}, {"b": {"m": 1.0}, "a": {"m": 3.0}},
+                {"b": {"m": 2.0}, "a": {"m": 5.0}}]  # differences 1, 2, 3: mean 2, sd 1
+    cell = runner.paired(per_seed, "b", ["m"])["a - b"]["m"]
+    half = 4.302652729911275 / math.sqrt(3)  # t(0.975, 2) * sd / sqrt(n)
+    assert cell == {"mean": 2.0, "lo": pytest.approx(2 - half), "hi": pytest.approx(2 + half), "n": 3}
+    assert "b - b" not in runner.paired(per_seed, "b", ["m"])
+    partial = runner.paired(per_seed[:1] + [{"b": {"m": 1.0}}], "b", ["m"])["a - b"]["m"]  # a missing on seed 1
+    assert partial == {"mean": 1.0, "lo": None, "hi": None, "n": 1}
+
+
+# ------------------------------------------------------------------------------------------- --check
+@pytest.mark.parametrize("verdict, code", [("held", 0), ("not held", 1), ({"verdict": "held"}, 0)])
+def test_check_exit_code_follows_the_verdict(tmp_path, monkeypatch, verdict, code):
+    claims = types.ModuleType("icml26.claims")
+    claims.check_paper = lambda name, path: verdict
+    monkeypatch.setitem(sys.modules, "icml26.claims", claims)
+    assert runner.check("tiny", tmp_path / "tiny.json") == code
+
+
+def test_check_without_the_claims_module_fails_clearly(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "icml26.claims", None)  # import fails
+    assert runner.check("tiny", tmp_path / "tiny.json") == 2
+    assert "icml26.claims" in capsys.readouterr().err
+
+
+def test_help_lists_the_flags(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        runner.experiment_command(["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for flag in ("--smoke", "--seeds", "--out", "--check"):
+        assert flag in text
