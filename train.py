@@ -32,6 +32,7 @@ from icml26.collection import __version__, import_collection, quiet_lightning_ch
 from icml26.commands import COMMANDS, overview, run_command  # noqa: E402
 from icml26.parse_errors import CollectionArgumentParser, explain_run_error, find_user_error  # noqa: E402
 from icml26.run_config import RunConfigSaver  # noqa: E402
+from icml26.run_folders import with_failed_run_cleanup  # noqa: E402
 
 COLLECTION_MODULES = import_collection()
 quiet_lightning_chatter()
@@ -85,7 +86,7 @@ class CollectionCLI(LightningCLI):
                 and not any(isinstance(callback, ProgressBar) for callback in configured) \
                 and "callbacks" not in self.trainer_defaults:
             self.trainer_defaults = {**self.trainer_defaults, "callbacks": [default_progress_bar()]}
-        return super().instantiate_trainer(**kwargs)
+        return with_failed_run_cleanup(super().instantiate_trainer(**kwargs))
 
     def before_fit(self) -> None:
         checkpoints.check_checkpoint_fits_model(self.resume, self.model)

@@ -21,12 +21,17 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 
 import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from lightning_modules.errors import UserInputError
+
+PROBE_MAX_ITER = 500  # lbfgs iterations per probe
+# scikit-learn's note when a label has more distinct values than half the clips (the sentence-id probe on few clips)
+EXPECTED_SKLEARN_NOTE = r"The number of unique classes is greater than 50% of the number of samples"
 
 
 class LayerProbing(Callback):
@@ -78,6 +83,7 @@ class LayerProbing(Callback):
                 {k: np.concatenate(v)[:self.max_examples] for k, v in labels.items()})
 
     def probe(self, module: LightningModule, train_loader, val_loader) -> dict[str, list[float]]:
+        from sklearn.exceptions import ConvergenceWarning
         from sklearn.linear_model import LogisticRegression
         from sklearn.pipeline import make_pipeline
         from sklearn.preprocessing import StandardScaler
@@ -91,8 +97,14 @@ class LayerProbing(Callback):
                 continue
             accuracies = []
             for layer_tr, layer_va in zip(train_x, val_x):
-                clf = make_pipeline(StandardScaler(), LogisticRegression(C=self.C, max_iter=500))
-                clf.fit(layer_tr[keep_tr], train_y[name][keep_tr])
+                clf = make_pipeline(StandardScaler(), LogisticRegression(C=self.C, max_iter=PROBE_MAX_ITER))
+                with warnings.catch_warnings():
+                    # expected of these probes, once per layer and attribute: a fixed iteration budget (the probe's
+                    # accuracy at that budget is the measurement, converged or not), and the sentence-id probe has
+                    # many classes for few clips; any other warning (e.g. about the features) still shows
+                    warnings.filterwarnings("ignore", category=ConvergenceWarning)
+                    warnings.filterwarnings("ignore", message=EXPECTED_SKLEARN_NOTE, category=UserWarning)
+                    clf.fit(layer_tr[keep_tr], train_y[name][keep_tr])
                 accuracies.append(float((clf.predict(layer_va[keep_va]) == val_y[name][keep_va]).mean()))
             results[name] = accuracies
         return results

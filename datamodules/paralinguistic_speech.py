@@ -106,7 +106,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from datamodules import espeak
 from datamodules.sampling import evaluation_sampler, training_sampler
-from lightning_modules.errors import UserInputError, check_range
+from lightning_modules.errors import UserInputError, check_range, one_line
 
 SAMPLE_RATE = 16_000
 TASKS = ("pitch", "speed", "gender", "volume")
@@ -202,7 +202,12 @@ def synthesise(text: str, pitch: str, speed: str, gender: str, volume: str, cach
     key = hashlib.sha1("|".join([f"espeak-ng {espeak.version()}", *controls, text]).encode()).hexdigest()
     path = os.path.join(cache_dir, f"{key}.npy")
     if os.path.isfile(path):
-        return np.load(path)
+        try:
+            return np.load(path, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as err:  # a cache file damaged or replaced after it was written
+            raise UserInputError(f"the speech cache file '{path}' is not a readable .npy array ({type(err).__name__}: "
+                                 f"{one_line(err)}); delete it (or the whole cache_dir) and it is synthesised "
+                                 "again.") from None
     os.makedirs(cache_dir, exist_ok=True)
     audio, rate_hz = espeak.speak(text, voice=voice, rate=rate, pitch=pitch_value, amplitude=amplitude)
     if rate_hz != SAMPLE_RATE:

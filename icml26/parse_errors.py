@@ -39,6 +39,25 @@ def known_class_names() -> list[str]:
                    if isinstance(value, type) and not name.startswith("_")})
 
 
+def known_class_paths(bases: tuple[type, ...] = ()) -> list[str]:
+    """Importable dotted paths of the classes `known_class_names` lists (only subclasses of `bases` when given):
+    the collection's classes by their defining module, Lightning's and torch's by the public module."""
+    import lightning.pytorch.callbacks as pl_callbacks
+    import lightning.pytorch.loggers as pl_loggers
+    import torch.optim
+    import torch.optim.lr_scheduler
+    def wanted(attr: str, value) -> bool:
+        return isinstance(value, type) and not attr.startswith("_") and (not bases or issubclass(value, bases))
+
+    paths = [f"{name}.{attr}" for name, module in list(sys.modules.items())
+             if name.partition(".")[0] in COLLECTION_PACKAGE_NAMES and module is not None
+             for attr, value in vars(module).items() if wanted(attr, value) and value.__module__ == name]
+    public = (pl_callbacks, pl_loggers, torch.optim, torch.optim.lr_scheduler)
+    paths += [f"{module.__name__}.{attr}" for module in public for attr, value in vars(module).items()
+              if wanted(attr, value)]
+    return sorted(set(paths))
+
+
 def accepted_arguments(class_path: str) -> list[str]:
     """The ``__init__`` argument names of a class and of every base class its ``**kwargs`` reach."""
     cls = class_of(class_path)
@@ -84,7 +103,9 @@ def explain_parse_error(message: str, parser) -> str:
     text = " ".join(line.strip() for line in message.splitlines() if line.strip())
     top_key = re.search(r'Parser key "([^"]+)"', message)
     nested = re.search(r"NestedArg\(key='([^']+)'", message)
-    where = (f"--{top_key.group(1)}" + (f".init_args.{nested.group(1)}" if nested else "") + ": ") if top_key else ""
+    own_key = nested and nested.group(1).partition(".")[0] in ("class_path", "init_args")  # --model.class_path=X
+    where = (f"--{top_key.group(1)}.{'' if own_key else 'init_args.'}{nested.group(1)}: " if nested
+             else f"--{'.init_args.'.join(_key_chain(message))}: " if top_key else "")
     unknown_option = (re.search(r"does not accept option '([^']+)'", message)
                       or re.search(r"unrecognized arguments: (?:\w+ )?--([^=\s]+)", message))
     if unknown_option:
@@ -101,12 +122,109 @@ def explain_parse_error(message: str, parser) -> str:
         accepted = accepted_arguments(owner) if owner else []
         return (f"{where}{owner.rpartition('.')[2] or 'the class'} does not accept the argument '{key}'"
                 f"{did_you_mean(key, accepted)}.")
-    unknown_class = re.search(r"Expected a dot import path string: (\S+)", message) \
-        or re.search(r"has no attribute '[^']+'\. Got value: (\S+)", message)
+    unknown_class = (re.search(r"Problem with given class_path '([^']+)':\s*(?:module '[^']*' has no attribute|"
+                               r"No module named)", message)
+                     or re.search(r"Expected a dot import path string: (\S+)", message)
+                     or re.search(r"has no attribute '[^']+'\. Got value: Namespace\(class_path='([^']+)'", message)
+                     or re.search(r"has no attribute '[^']+'\. Got value: (\S+)", message))
     if unknown_class:
         name = unknown_class.group(1)
-        return f"{where}'{name}' is not a known class{did_you_mean(name, known_class_names())}."
+        return f"{where}'{name}' is not a known class{closest_classes(name, expected_bases(message, nested))}."
+    wrong_type = explain_type_error(message)
+    if wrong_type:
+        return f"{where or 'value: '}{wrong_type}"
     return text
+
+
+def expected_bases(message: str, nested) -> tuple[type, ...]:
+    """The classes a misspelt class had to subclass, read from jsonargparse's message: the return type of a
+    callable (an optimizer), else the Union's subtypes of a top-level key (``LightningModule``, ``Callback``)."""
+    returns = re.search(r"Type typing\.Callable\[.*\], ([\w.]+)\] expects", message)
+    subtypes = re.search(r"Subtypes: \[(.*)\]", message)
+    text = returns.group(1) if returns else (subtypes.group(1) if subtypes and not nested else "")
+    found = (class_of(name) for name in re.findall(r"[A-Za-z_]\w*(?:\.\w+)+", text)
+             if not name.startswith(("typing.", "collections.")))
+    return tuple(cls for cls in found if isinstance(cls, type))
+
+
+def closest_classes(name: str, bases: tuple[type, ...]) -> str:
+    """' (did you mean ...?)' among the known classes: dotted paths for a dotted name (the paths whose class name is
+    close first, then close whole paths), short names otherwise; subclasses of `bases` first, any known class when
+    none of those is close."""
+    if "." in name:
+        for paths in ([known_class_paths(bases)] if bases else []) + [known_class_paths()]:
+            by_class = {}
+            for path in paths:
+                by_class.setdefault(path.rpartition(".")[2], []).append(path)
+            close = difflib.get_close_matches(name.rpartition(".")[2], list(by_class), n=3, cutoff=0.6)
+            matches = [path for short in close for path in by_class[short]]
+            matches += difflib.get_close_matches(name, paths, n=3, cutoff=0.8)
+            matches = list(dict.fromkeys(matches))[:3]
+            if matches:
+                return f" (did you mean {' or '.join(matches)}?)"
+        return ""
+    short = sorted({path.rpartition(".")[2] for path in known_class_paths(bases)}) if bases else []
+    return (short and did_you_mean(name, short)) or did_you_mean(name, known_class_names())
+
+
+TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string", "NoneType": "null",
+              "dict": "a mapping", "list": "a list"}
+
+
+def _type_words(expected: str) -> str:
+    """``<class 'int'>`` -> 'an integer', ``<class 'pathlib.Path'>`` -> 'a Path'."""
+    name = re.fullmatch(r"<class '([^']+)'>", expected)
+    name = name.group(1) if name else expected
+    return TYPE_WORDS.get(name, f"a {name.rpartition('.')[2]}")
+
+
+def _key_chain(message: str) -> list[str]:
+    """["model", "optimizer"]: the ``Parser key`` entries leading to the innermost one of a nested message (a class's
+    init argument given in a config file is reported under the key of the class)."""
+    lines = message.splitlines()
+    chain, indent = [], None
+    for line in reversed(lines):
+        key = re.match(r'(\s*)Parser key "([^"]+)":', line)
+        if key and (indent is None or len(key.group(1)) < indent):
+            chain.insert(0, key.group(2))
+            indent = len(key.group(1))
+    return chain
+
+
+def _innermost_block(message: str) -> list[str]:
+    """The lines of the innermost ``Parser key "..."`` entry of a (nested) jsonargparse message."""
+    lines = message.splitlines()
+    starts = [i for i, line in enumerate(lines) if re.match(r'\s*Parser key "[^"]+":', line)]
+    if not starts:
+        return lines
+    start = starts[-1]
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    block = [lines[start]]
+    for line in lines[start + 1:]:
+        if line.strip() and len(line) - len(line.lstrip()) <= indent:
+            break
+        block.append(line)
+    return block
+
+
+def explain_type_error(message: str) -> str | None:
+    """'expected an integer or null, got 'abc'.' for a value of the wrong type (None for any other message)."""
+    block = _innermost_block(message)
+    errors = [line.strip()[2:] for line in block if line.strip().startswith("- ")]
+    single = [line.strip() for line in block if line.strip().startswith("Expected a ")]
+    expectations = errors if errors else single
+    if not expectations or not all(e.startswith("Expected a ") for e in expectations):
+        return None
+    expected = [re.sub(r"\. Got value: .*$", "", e[len("Expected a "):]).strip() for e in expectations]
+    literals = [v for e in expected for v in (re.fullmatch(r"typing\.Literal\[(.*)\]", e) or [None, ""])[1].split(", ")
+                if v]
+    expected = list(dict.fromkeys(_type_words(e) for e in expected if not e.startswith("typing.Literal[")))
+    if literals:
+        expected.append(f"one of {', '.join(dict.fromkeys(literals))}" if len(literals) > 1 else literals[0])
+    value = re.search(r"(?:Got|Given) value: (.*)$", "\n".join(block), flags=re.MULTILINE)
+    got = f", got '{value.group(1).strip()}'" if value else ""
+    either = ", ".join(expected[:-1]) + f" or {expected[-1]}" if len(expected) > 1 else expected[0]
+    return f"expected {either}{got}."
 
 
 def _without_subcommand(key: str) -> str:

@@ -29,6 +29,7 @@ import logging
 import os
 import pickle
 import random
+import re
 import zipfile
 from typing import Any, TypeVar
 
@@ -54,6 +55,15 @@ def read_checkpoint(path: str, trusted: bool = False, what: str = "checkpoint") 
     if not os.path.isfile(path):
         raise UserInputError(f"{what} '{path}' does not exist (or is not a file). Check the path; "
                              "checkpoints are written under <default_root_dir>/.../checkpoints/*.ckpt.")
+    with open(path, "rb") as handle:
+        head = handle.read(4)
+    # torch.save writes a zip archive (torch >= 1.6) or, in the legacy format, a pickle (protocol 2+ starts with
+    # 0x80); anything else (a text file, an image, an .npz's ...) is refused here with one line instead of torch's
+    # multi-line weights-only report
+    if not head.startswith((b"PK\x03\x04", b"\x80")):
+        kind = "an empty file" if not head else f"a file starting with {head!r}"
+        raise UserInputError(f"{what} '{path}' is not a torch checkpoint: it is {kind}, not the zip archive (or "
+                             "legacy pickle) that torch.save writes. Point to a .ckpt/.pt file written by a run.")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=not trusted)
     except pickle.UnpicklingError as err:
@@ -62,7 +72,10 @@ def read_checkpoint(path: str, trusted: bool = False, what: str = "checkpoint") 
                 f"{what} '{path}' contains Python objects that weights-only loading refuses to unpickle. "
                 "If (and only if) you trust this file, set `init_from_trusted: true` "
                 "(for --ckpt_path: `--weights_only=false`).") from None
-        raise UserInputError(f"{what} '{path}' is not a readable torch checkpoint ({err}). "
+        # torch's weights-only report spans a dozen lines of advice; its reason is the "WeightsUnpickler error"
+        reason = re.search(r"WeightsUnpickler error:\s*(.*?)\s*(?:Check the documentation|$)", str(err), re.DOTALL)
+        reason = one_line(reason.group(1)) if reason else one_line(err)
+        raise UserInputError(f"{what} '{path}' is not a readable torch checkpoint ({reason}). "
                              "Is it truncated, or a file of another format?") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as err:
         raise UserInputError(f"{what} '{path}' could not be read: it looks truncated or is not a torch "

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 
 import torch
 import torchmetrics
@@ -245,7 +246,16 @@ class CausalInferenceAgent(PaperModule):
             failure = "no method in the reply"
         else:
             try:
-                value = estimate(method, query["data"], roles, rdd_bandwidth=self.hparams.rdd_bandwidth).effect
+                with warnings.catch_warnings():
+                    if self.hparams.agent == "forced-ols":
+                        # forced OLS controls for every numeric column by design, so collinear designs (and no
+                        # residual degrees of freedom) are expected: statsmodels notes the rank deficiency and
+                        # divides by zero in the robust standard error, once per query, and only the point estimate
+                        # is scored. The other agents' regressions keep these warnings.
+                        from statsmodels.tools.sm_exceptions import SingularMatrixWarning
+                        warnings.filterwarnings("ignore", category=SingularMatrixWarning)
+                        warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"statsmodels\.")
+                    value = estimate(method, query["data"], roles, rdd_bandwidth=self.hparams.rdd_bandwidth).effect
             except EstimationError as err:
                 failure = str(err)
         reference = float(query["effect"])
