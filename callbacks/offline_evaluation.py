@@ -5,14 +5,22 @@ module's acting rule (``pl_module.act``) and logs ``eval/return`` (mean undiscou
 score ``eval/normalized_score = 100 (R - R_random) / (R_expert - R_random)`` when the datamodule has reference returns,
 and ``eval/q_overestimation``: the critic's Q(s0, a0) / reward_scale minus the discounted Monte-Carlo return of the same
 episodes (positive = the critic overestimates). `evaluate` is usable on its own (the experiment calls it).
+
+The environment is built in ``setup``: a missing gymnasium or a bad ``env_id`` stops the run before training. A file
+dataset without ``env_id`` has no environment: the callback then logs one info line and evaluates nothing, and it
+refuses at the start a ``ModelCheckpoint`` that monitors an ``eval/`` metric (one that would never be logged).
 """
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from lightning_modules.errors import UserInputError
+
+log = logging.getLogger(__name__)
 
 
 def evaluate(module, env, episodes: int, seed: int, deterministic: bool = False) -> dict[str, float]:
@@ -58,17 +66,30 @@ class OfflineEvaluation(Callback):
             raise UserInputError(f"episodes={episodes} must be at least 1.")
         self.episodes, self.seed, self.deterministic = episodes, seed, deterministic
         self.env = None
+        self.active = True  # False on a file dataset without an environment (see `setup`)
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         datamodule = trainer.datamodule
         if not hasattr(datamodule, "make_env") or not hasattr(pl_module, "act"):
             raise UserInputError("OfflineEvaluation needs an OfflineRLDataModule and an OfflineModelBasedRL module.")
+        if stage not in ("fit", "validate"):
+            return
+        self.active = getattr(datamodule, "evaluation_environment", True) is not None
+        if not self.active:
+            monitored = sorted({str(c.monitor) for c in trainer.checkpoint_callbacks
+                                if str(getattr(c, "monitor", None)).startswith("eval/")})
+            if monitored:
+                raise UserInputError(f"a ModelCheckpoint monitors {', '.join(monitored)}, which only the evaluation "
+                                     "environment logs, and this file dataset has none: set data.init_args.env_id "
+                                     "(e.g. Hopper-v4) or monitor val/td_error (as configs/phyb/quick.yaml does).")
+            log.info("OfflineEvaluation: no evaluation environment (a file dataset without data.init_args.env_id): "
+                     "eval/* is not logged; val/td_error measures the critic.")
+        elif self.env is None:  # built at the start: a missing env_id or gymnasium is an error now, not after an epoch
+            self.env = datamodule.make_env()
 
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if trainer.sanity_checking:
+        if trainer.sanity_checking or not self.active:
             return
-        if self.env is None:  # built here, after the module has checked its data
-            self.env = trainer.datamodule.make_env()
         result = evaluate(pl_module, self.env, self.episodes, self.seed, self.deterministic)
         pl_module.log("eval/return", result["return"])
         pl_module.log("eval/q_overestimation", result["q_overestimation"])

@@ -29,6 +29,11 @@ Datasets and the formats read (``data_dir`` is a local folder; nothing is downlo
   ``random.Random(imagenet_subset_seed).sample(range(1000), k)`` over 0-based labels; the chosen classes are
   relabelled 0..k-1 in sorted order [reconstruction: the code's relabelling order was not readable]. Only the
   subset's rows are kept in memory (each file is filtered as it is read).
+* ``imagefolder``: your own images, one subfolder per class as in torchvision's ``ImageFolder``:
+  ``data_dir/train/<class>/*.{png,jpg,jpeg}`` and ``data_dir/test/<class>/...`` with the same class folders
+  (classes are the sorted folder names), read by `datamodules.readers` (`scan_image_folder`, `FileImages`) as
+  for `ImageClassificationDataModule`: lazily with PIL, converted to RGB and resized (not cropped) to
+  ``resize_to`` x ``resize_to`` (default 32). The test split is ``test/``; validation is held out of ``train/``.
 
 Outputs and pixel convention
 ----------------------------
@@ -42,8 +47,9 @@ example's index, independent of ``seed``), so every run is evaluated on the same
 (and on ImageNet-32, which that module does not read).
 
 ``mean``/``std`` (per channel, of [0, 1] pixels) come from the training part of the split only, computed exactly
-as in `datamodules.images` (same stratified validation split for the same ``seed`` and ``val_fraction``): they
-are the classifier's fixed input normalisation, which the coupled model copies into its buffers.
+as in `datamodules.images` (same stratified validation split for the same ``seed`` and ``val_fraction``; for
+``imagefolder`` at most ``IMAGEFOLDER_STATS_MAX`` seeded training images, as there): they are the classifier's
+fixed input normalisation, which the coupled model copies into its buffers.
 """
 from __future__ import annotations
 
@@ -59,15 +65,15 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from datamodules.images import AUGMENT_PAD, random_crop_flip
-from datamodules.readers import (CIFAR_LAYOUT, VAL_SPLIT_STREAM, TensorImages, check_rgb32_arrays, find_cifar_dir,
-                                 load_cifar, load_digits_images, load_release_pickle, require_data_dir,
-                                 stratified_split)
+from datamodules.images import _STREAM_STATS, AUGMENT_PAD, IMAGEFOLDER_STATS_MAX, random_crop_flip
+from datamodules.readers import (CIFAR_LAYOUT, VAL_SPLIT_STREAM, FileImages, TensorImages, check_rgb32_arrays,
+                                 find_cifar_dir, load_cifar, load_digits_images, load_release_pickle,
+                                 require_data_dir, scan_image_folder, stratified_split)
 from datamodules.sampling import evaluation_sampler, mix_seed, training_sampler
 from lightning_modules.errors import UserInputError, check_range
 
 CORRUPTIONS = ("pixel_replacement", "gaussian_noise", "gaussian_blur")
-DATASETS = ("digits", "cifar10", "cifar100", "imagenet32")
+DATASETS = ("digits", "cifar10", "cifar100", "imagenet32", "imagefolder")
 IMAGENET32_TRAIN = tuple(f"train_data_batch_{i}.npz" for i in range(1, 11))
 IMAGENET32_VAL = "val_data.npz"
 IMAGENET32_FOLDERS = ("Imagenet32_train_npz", "Imagenet32_val_npz")
@@ -238,7 +244,7 @@ class CorruptedImageDataset(Dataset):
     from a generator seeded with ``(fixed_stream, source index)``, the same on every visit.
     """
 
-    def __init__(self, source: TensorImages, indices: Tensor, corruption: str, level: float,
+    def __init__(self, source: TensorImages | FileImages, indices: Tensor, corruption: str, level: float,
                  fixed_stream: int | None, mean: Tensor, std: Tensor, output: str = "coupled",
                  augment: bool = False) -> None:
         self.source, self.indices, self.labels = source, indices, source.labels[indices]
@@ -266,7 +272,7 @@ class CorruptedImageDataModule(LightningDataModule):
     """Clean/corrupted image pairs for coupled diffusion (see the module docstring).
 
     Args:
-        dataset: "digits" (embedded), "cifar10", "cifar100" or "imagenet32".
+        dataset: "digits" (embedded), "cifar10", "cifar100", "imagenet32" or "imagefolder" (your own images).
         data_dir: local folder with the dataset files (required except for digits, where it must be None).
         corruption: "pixel_replacement", "gaussian_noise" or "gaussian_blur".
         corruption_level: replacement probability in [0, 1], or the noise/blur sigma (>= 0, in [-1, 1] units
@@ -276,11 +282,13 @@ class CorruptedImageDataModule(LightningDataModule):
         batch_size / num_workers / seed: as in `ImageClassificationDataModule` (same split for the same seed).
         augment: random crop (pad 4) + flip of training images before corruption (not for digits).
         imagenet_num_classes / imagenet_subset_seed: the ImageNet-32 class subset (official code: 100 / 42).
+        resize_to: imagefolder only, square side the images are resized to (default 32); named apart from the
+            model's ``image_size`` (which must equal it) so that Lightning can merge both hparams.
     """
 
     def __init__(
         self,
-        dataset: Literal["digits", "cifar10", "cifar100", "imagenet32"] = "digits",
+        dataset: Literal["digits", "cifar10", "cifar100", "imagenet32", "imagefolder"] = "digits",
         data_dir: str | None = None,
         corruption: Literal["pixel_replacement", "gaussian_noise", "gaussian_blur"] = "pixel_replacement",
         corruption_level: float = 0.3,
@@ -292,6 +300,7 @@ class CorruptedImageDataModule(LightningDataModule):
         augment: bool = False,
         imagenet_num_classes: int = 100,
         imagenet_subset_seed: int = 42,
+        resize_to: int | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -312,11 +321,17 @@ class CorruptedImageDataModule(LightningDataModule):
         self.output, self.val_fraction, self.augment = output, float(val_fraction), augment
         self.batch_size, self.num_workers, self.seed = batch_size, num_workers, seed
         self.data_dir: str | None = None
+        if resize_to is not None and (isinstance(resize_to, bool) or not isinstance(resize_to, int)):
+            raise UserInputError(f"resize_to={resize_to!r} must be an integer (pixels per side) or null.")
+        native = 8 if dataset == "digits" else 32
+        if dataset != "imagefolder" and resize_to is not None and resize_to != native:
+            raise UserInputError(f"resize_to={resize_to} does not match dataset {dataset!r}, whose images are "
+                                 f"{native}x{native}; resizing applies to imagefolder only. Remove resize_to.")
         if dataset == "digits":
             if data_dir is not None:
                 raise UserInputError(f"dataset='digits' is embedded (scikit-learn) and reads no files, but "
                                      f"data_dir={data_dir!r} was given. Remove data_dir, or choose cifar10, "
-                                     "cifar100 or imagenet32.")
+                                     "cifar100, imagenet32 or imagefolder.")
             if augment:
                 raise UserInputError("augment=True is not allowed for dataset='digits' (a flipped 2 is no 2, and an "
                                      "8x8 image has no room to crop). Set augment: false.")
@@ -324,6 +339,16 @@ class CorruptedImageDataModule(LightningDataModule):
         elif dataset in CIFAR_LAYOUT:
             self.data_dir = find_cifar_dir(dataset, data_dir)
             self.num_classes, self.in_channels, self.image_size = CIFAR_LAYOUT[dataset][4], 3, 32
+        elif dataset == "imagefolder":
+            size = 32 if resize_to is None else resize_to
+            check_range("resize_to", size, 1)
+            self.data_dir = require_data_dir(data_dir, "imagefolder", "a folder with train/<class>/*.png|jpg "
+                                                                  "and test/<class>/... subfolders")
+            self.class_names, self._files = scan_image_folder(self.data_dir)
+            if len(self.class_names) < 2:
+                raise UserInputError(f"imagefolder: '{self.data_dir}/train' has one class folder "
+                                     f"({self.class_names[0]}); classification needs at least 2 classes.")
+            self.num_classes, self.in_channels, self.image_size = len(self.class_names), 3, size
         else:
             _find_imagenet32_files(data_dir)  # fail at construction, not after a model was built
             self.data_dir = data_dir
@@ -340,11 +365,20 @@ class CorruptedImageDataModule(LightningDataModule):
             pool, test = load_digits_images()
         elif self.dataset_name in CIFAR_LAYOUT:
             pool, test = load_cifar(self.dataset_name, self.data_dir)
+        elif self.dataset_name == "imagefolder":
+            pool, test = (FileImages(paths, labels, self.image_size) for paths, labels in self._files)
         else:
             pool, test = load_imagenet32(self.data_dir, self.hparams.imagenet_num_classes,
                                          self.hparams.imagenet_subset_seed)
         train_idx, val_idx = stratified_split(pool.labels, self.val_fraction, mix_seed(self.seed, VAL_SPLIT_STREAM))
-        self.mean, self.std = pool.channel_stats(train_idx)
+        if len(val_idx) == 0:
+            raise UserInputError(f"{self.dataset_name}: no class of the training images has 2 or more images, so no "
+                                 "validation image can be held out: give every class at least 2 training images.")
+        stats_idx = train_idx
+        if isinstance(pool, FileImages) and len(train_idx) > IMAGEFOLDER_STATS_MAX:  # as datamodules.images does
+            gen = torch.Generator().manual_seed(mix_seed(self.seed, _STREAM_STATS))
+            stats_idx = train_idx[torch.randperm(len(train_idx), generator=gen)[:IMAGEFOLDER_STATS_MAX]].sort()[0]
+        self.mean, self.std = pool.channel_stats(stats_idx)
         common = dict(corruption=self.corruption, level=self.corruption_level, mean=self.mean, std=self.std,
                       output=self.output)
         self.train_set = CorruptedImageDataset(pool, train_idx, fixed_stream=None, augment=self.augment, **common)

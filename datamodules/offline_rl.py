@@ -35,6 +35,9 @@
 
   Evaluation in MuJoCo needs the optional ``gymnasium[mujoco]``; without it `make_env` raises a clear message.
 
+File actions must lie in [-1, 1] (the policy is tanh-squashed; a file with larger actions is refused). A file dataset
+without ``env_id`` trains without an environment (`OfflineRLDataModule.evaluation_environment` is None).
+
 Batches are dicts ``obs, act, rew, next_obs, done`` (float32; ``rew`` and ``done`` of shape [B]; ``done`` = true
 termination, not a time-out). `OfflineRLDataModule.dataset_identity` names the dataset (the PhyB stages compare it).
 """
@@ -43,13 +46,14 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import zipfile
 
 import numpy as np
 import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
-from lightning_modules.errors import UserInputError
+from lightning_modules.errors import UserInputError, one_line
 
 D4RL_KEYS = ("observations", "actions", "rewards", "terminals", "timeouts")
 SOURCES = ("currency_exchange", "pendulum", "d4rl", "minari")
@@ -160,6 +164,10 @@ def _check(data: dict[str, np.ndarray], path: str) -> dict[str, np.ndarray]:
     if n == 0:
         raise UserInputError(f"{path}: the dataset holds no transitions.")
     data["act"] = data["act"].reshape(n, -1)
+    largest = float(np.abs(data["act"]).max())
+    if largest > 1.0 + 1e-6:
+        raise UserInputError(f"{path}: actions reach {largest:g}, outside [-1, 1]: the policy is tanh-squashed (D4RL's "
+                             "MuJoCo actions lie in [-1, 1]); divide the actions by your action bound first.")
     return data
 
 
@@ -256,6 +264,15 @@ def _h5py():
     return h5py
 
 
+def _open_hdf5(h5py, path: str):
+    """An HDF5 file opened for reading; a file of another format (or a truncated one) is a `UserInputError`."""
+    try:
+        return h5py.File(path, "r")
+    except OSError as err:  # h5py: "Unable to open file (file signature not found)"
+        raise UserInputError(f"'{path}' is not a readable HDF5 file ({one_line(err)}); give the dataset's own "
+                             ".hdf5 file, re-copied if it was truncated.") from None
+
+
 def load_d4rl_file(path: str, max_episode_steps: int | None = None,
                    keep_timeouts: bool = False) -> dict[str, np.ndarray]:
     """A D4RL ``.hdf5``/``.h5`` or ``.npz`` file read with `qlearning_arrays` (only the D4RL keys are read; groups
@@ -264,11 +281,22 @@ def load_d4rl_file(path: str, max_episode_steps: int | None = None,
         raise UserInputError(f"data_path '{path}' does not exist; give a D4RL .hdf5/.h5 or .npz file.")
     keys = (*D4RL_KEYS, "next_observations")
     if path.endswith(".npz"):
-        with np.load(path) as f:
-            raw = {key: f[key] for key in keys if key in f.files}
+        try:
+            archive = np.load(path, allow_pickle=False)
+            if not isinstance(archive, np.lib.npyio.NpzFile):  # an .npy array saved under an .npz name
+                raise UserInputError(f"data_path '{path}' is a single .npy array, not an .npz archive of the "
+                                     f"D4RL keys {list(D4RL_KEYS)}; save the arrays with numpy.savez.")
+            with archive as f:
+                raw = {key: f[key] for key in keys if key in f.files}
+        except UserInputError:
+            raise
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:  # numpy's "pickled data", a bad zip
+            raise UserInputError(f"data_path '{path}' is not a readable .npz archive ({type(err).__name__}: "
+                                 f"{one_line(err)}). Give a D4RL .hdf5/.h5 file or an .npz written by numpy.savez "
+                                 "with numeric arrays (object arrays are refused).") from None
     elif path.endswith((".hdf5", ".h5")):
         h5py = _h5py()
-        with h5py.File(path, "r") as f:
+        with _open_hdf5(h5py, path) as f:
             raw = {}
             for key in keys:
                 if key in f:
@@ -323,7 +351,7 @@ def load_minari_folder(path: str, observation_keys: list[str] | None = None) -> 
         raise UserInputError(f"'{path}' is not a Minari dataset folder: {file} is missing.")
     h5py = _h5py()
     parts = []
-    with h5py.File(file, "r") as f:
+    with _open_hdf5(h5py, file) as f:
         episodes = sorted((k for k in f.keys() if k.startswith("episode_") and k[8:].isdigit()),
                           key=lambda k: int(k[8:]))
         if not episodes:
@@ -373,7 +401,9 @@ class OfflineRLDataModule(LightningDataModule):
         behaviour: the embedded behaviour policy, ``random`` or ``medium`` (Pendulum only).
         num_transitions: size of a generated dataset.
         data_path: the local file (``d4rl``) or folder (``minari``).
-        env_id: gymnasium id for evaluating a file-based dataset (e.g. ``Hopper-v4``; needs gymnasium[mujoco]).
+        env_id: gymnasium id for evaluating a file-based dataset (e.g. ``Hopper-v4``; needs gymnasium[mujoco]); None
+            (default) trains a file dataset without an environment (`OfflineEvaluation` skips itself). Refused for
+            the embedded sources, which are evaluated in their own environment.
         ref_min_return, ref_max_return: D4RL reference returns (random, expert) for the normalised score.
         val_fraction: held-out transitions (dynamics validation MSE, critic TD error).
         batch_size: transitions per batch; ``steps_per_epoch`` batches are drawn with replacement per epoch.
@@ -405,6 +435,9 @@ class OfflineRLDataModule(LightningDataModule):
             raise UserInputError(f"source={source} reads a local dataset: set data.init_args.data_path.")
         if not 0.0 < val_fraction < 1.0:
             raise UserInputError(f"val_fraction={val_fraction} must lie in (0, 1).")
+        if env_id is not None and source in ENVS:
+            raise UserInputError(f"env_id={env_id!r} applies to file datasets (source=d4rl or minari); source={source} "
+                                 "is evaluated in its own embedded environment: unset data.init_args.env_id.")
         if source != "d4rl" and (max_episode_steps is not None or keep_timeouts):
             raise UserInputError(f"max_episode_steps and keep_timeouts apply to source=d4rl files only (source="
                                  f"{source} keeps every step with its true successor); unset them.")
@@ -470,6 +503,13 @@ class OfflineRLDataModule(LightningDataModule):
     def predict_dataloader(self) -> DataLoader:
         return self.val_dataloader()
 
+    @property
+    def evaluation_environment(self) -> str | None:
+        """The environment `make_env` builds: the embedded source's name, the file dataset's gymnasium ``env_id``, or
+        None (a file dataset without ``env_id``: trained without online evaluation, which `OfflineEvaluation` skips)."""
+        h = self.hparams
+        return h.source if h.source in ENVS else h.env_id
+
     def make_env(self):
         """A vectorised evaluation environment (``reset(n, rng)``, ``step(actions)``)."""
         h = self.hparams
@@ -492,7 +532,12 @@ class GymnasiumEnv:
                                  "`pip install 'gymnasium[mujoco]'` (the embedded environments need nothing).") \
                 from None
         self.gymnasium, self.env_id = gymnasium, env_id
-        probe = gymnasium.make(env_id)
+        try:
+            probe = gymnasium.make(env_id)
+        except gymnasium.error.Error as err:  # an unknown id, a missing MuJoCo, ...
+            raise UserInputError(f"env_id={env_id!r}: gymnasium cannot make it ({one_line(err)}); give a registered "
+                                 "id such as Hopper-v4, or unset data.init_args.env_id to train without evaluation.") \
+                from None
         self.obs_dim, self.action_dim = probe.observation_space.shape[0], probe.action_space.shape[0]
         self.horizon = probe.spec.max_episode_steps or 1000
         self.high = probe.action_space.high

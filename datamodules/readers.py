@@ -235,14 +235,15 @@ def read_cifar_file(path: str, label_key: str, num_classes: int) -> tuple[Tensor
     return pixels, torch.from_numpy(labels.astype(np.int64))
 
 
-def scan_image_folder(root: str) -> tuple[list[str], list[tuple[list[str], Tensor]]]:
-    """Class names (sorted train subfolders) and, for train and test, (file paths, labels)."""
+def scan_image_folder(root: str, splits: tuple[str, ...] = ("train", "test")
+                      ) -> tuple[list[str], list[tuple[list[str], Tensor]]]:
+    """Class names (sorted train subfolders) and, for each of `splits` (train first), (file paths, labels)."""
     trees = {}
-    for split in ("train", "test"):
+    for split in splits:
         split_dir = os.path.join(root, split)
         if not os.path.isdir(split_dir):
-            raise UserInputError(f"imagefolder: '{split_dir}' is missing. Expected "
-                                 "data_dir/train/<class>/*.png|jpg and data_dir/test/<class>/*.png|jpg.")
+            expected = " and ".join(f"data_dir/{name}/<class>/*.png|jpg" for name in splits)
+            raise UserInputError(f"imagefolder: '{split_dir}' is missing. Expected {expected}.")
         entries = sorted(e for e in os.listdir(split_dir) if not e.startswith("."))
         stray = [e for e in entries if not os.path.isdir(os.path.join(split_dir, e))]
         if stray:
@@ -252,14 +253,14 @@ def scan_image_folder(root: str) -> tuple[list[str], list[tuple[list[str], Tenso
     classes = trees["train"]
     if not classes:
         raise UserInputError(f"imagefolder: '{os.path.join(root, 'train')}' has no class subfolders.")
-    if trees["test"] != classes:
+    if "test" in trees and trees["test"] != classes:
         missing = sorted(set(classes) - set(trees["test"]))
         extra = sorted(set(trees["test"]) - set(classes))
         raise UserInputError(f"imagefolder: the test classes do not match the train classes (missing in "
                              f"test/: {missing or 'none'}; only in test/: {extra or 'none'}). Both folders "
                              "need the same class subfolders.")
     files = []
-    for split in ("train", "test"):
+    for split in splits:
         paths, labels = [], []
         for label, name in enumerate(classes):
             class_dir = os.path.join(root, split, name)

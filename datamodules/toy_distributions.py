@@ -1,4 +1,4 @@
-"""Data with a known answer for diffusion-guidance experiments (Spectral Guidance), plus digits / CIFAR-10 in [-1, 1].
+"""Data with a known answer for diffusion-guidance experiments (Spectral Guidance), plus images in [-1, 1].
 
 Distributions (``distribution=``)
 ---------------------------------
@@ -19,6 +19,13 @@ Distributions (``distribution=``)
   split), pixels mapped to [-1, 1] (the range of every diffusion model of the collection).
 * ``cifar10``: the official python-version pickles from a local ``data_dir`` (read by ``datamodules.readers``),
   pixels in [-1, 1], optional horizontal flips (the Spectral Guidance paper's only augmentation).
+* ``imagefolder``: your own images, one subfolder per class as in torchvision's ``ImageFolder``:
+  ``data_dir/train/<class>/*.{png,jpg,jpeg}`` (classes are the sorted folder names; the label is the class
+  index). Read by `datamodules.readers` (`scan_image_folder`, `FileImages`): PIL, converted to RGB, resized (not
+  cropped) to ``resize_to`` x ``resize_to`` (default 32), then held in memory as 8-bit pixels and mapped to
+  [-1, 1] like CIFAR-10 (a fixed map: no statistics are estimated). Only ``train/`` is read (there is no test
+  stage); a ``test/`` folder next to it, as the coupled-diffusion and TREW image folders have, is not read.
+  Optional horizontal flips as for cifar10.
 
 Splits: the embedded vector data draw ``num_train`` training and ``num_val`` validation samples from
 generator streams of ``seed``; images hold out a stratified ``val_fraction`` of the training split (seeded).
@@ -35,11 +42,13 @@ from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from datamodules.readers import find_cifar_dir, load_cifar, load_digits_images, stratified_split
+from datamodules.readers import (FileImages, TensorImages, find_cifar_dir, load_cifar, load_digits_images,
+                                 require_data_dir, scan_image_folder, stratified_split)
 from datamodules.sampling import evaluation_sampler, mix_seed, training_sampler
 from lightning_modules.errors import UserInputError, check_range
 
-DISTRIBUTIONS = ("gaussian", "gmm", "digits", "cifar10")
+DISTRIBUTIONS = ("gaussian", "gmm", "digits", "cifar10", "imagefolder")
+IMAGE_FILES = ("cifar10", "imagefolder")  # the distributions read from data_dir
 DEFAULT_GAUSSIAN_EIGENVALUES = (12.0, 9.0, 7.0) + tuple(2.5 * 0.8 ** k for k in range(13))
 _STREAM_PARAMS, _STREAM_TRAIN, _STREAM_VAL, _STREAM_SPLIT = 11, 12, 13, 14
 
@@ -121,6 +130,14 @@ def make_gmm(num_components: int, mean_scale: float, cov_scale: float, rescale: 
     return LabelledGMM(means * rescale, covariances * rescale ** 2)
 
 
+def load_image_folder(root: str, size: int) -> TensorImages:
+    """``root/train/<class>/*`` (see the module docstring) as in-memory uint8 pixels [N, 3, size, size]."""
+    _, [(paths, labels)] = scan_image_folder(root, splits=("train",))
+    files = FileImages(paths, labels, size)
+    pixels = torch.stack([(files.pixels(i) * 255.0).round().to(torch.uint8) for i in range(len(paths))])
+    return TensorImages(pixels, labels, 255.0)
+
+
 class _Tensors(Dataset):
     """(x, label) pairs from an in-memory tensor; integer pixels are scaled to [-1, 1] on the fly."""
 
@@ -142,26 +159,28 @@ class _Tensors(Dataset):
 
 
 class DiffusionToyDataModule(LightningDataModule):
-    """Embedded Gaussian / labelled GMM / digits, or local CIFAR-10, as `(x, label)` batches (see module doc).
+    """Embedded Gaussian / labelled GMM / digits, or local CIFAR-10 / image folders, as `(x, label)` batches.
 
     Args:
-        distribution: "gaussian", "gmm", "digits" (embedded) or "cifar10" (needs data_dir).
-        data_dir: local CIFAR-10 folder (cifar-10-batches-py or its parent); None for the embedded data.
+        distribution: "gaussian", "gmm", "digits" (embedded), "cifar10" or "imagefolder" (need data_dir).
+        data_dir: local CIFAR-10 folder (cifar-10-batches-py or its parent), or your image folder (holding
+            train/<class>/*.png|jpg); None for the embedded data.
         num_train, num_val: samples drawn for the embedded vector distributions.
         gaussian_eigenvalues: covariance spectrum of the Gaussian (None: the default, see module doc).
         gmm_components, gmm_mean_scale, gmm_cov_scale, gmm_rescale: the GMM generator (see `make_gmm`).
         val_fraction: images only, stratified share of the training split held out for validation.
-        hflip: random horizontal flips of training images (cifar10 only).
+        hflip: random horizontal flips of training images (cifar10 and imagefolder only).
         batch_size, num_workers: loader settings.
         seed: draws the distribution's parameters, the samples and the image validation split.
+        resize_to: imagefolder only, square side the images are resized to (default 32).
     """
 
-    def __init__(self, distribution: Literal["gaussian", "gmm", "digits", "cifar10"] = "gmm",
+    def __init__(self, distribution: Literal["gaussian", "gmm", "digits", "cifar10", "imagefolder"] = "gmm",
                  data_dir: str | None = None, num_train: int = 20_000, num_val: int = 2_000,
                  gaussian_eigenvalues: list[float] | None = None, gmm_components: int = 8,
                  gmm_mean_scale: float = 4.0, gmm_cov_scale: float = 0.5, gmm_rescale: float = 0.25,
                  val_fraction: float = 0.1, hflip: bool = False, batch_size: int = 1024, num_workers: int = 0,
-                 seed: int = 0) -> None:
+                 seed: int = 0, resize_to: int | None = None) -> None:
         super().__init__()
         self.save_hyperparameters()
         if distribution not in DISTRIBUTIONS:
@@ -176,15 +195,20 @@ class DiffusionToyDataModule(LightningDataModule):
         check_range("gmm_cov_scale", gmm_cov_scale, 0.0)
         check_range("gmm_rescale", gmm_rescale, 0.0, low_inclusive=False)
         check_range("val_fraction", val_fraction, 0.0, 0.5, low_inclusive=False)
-        if hflip and distribution != "cifar10":
-            raise UserInputError(f"hflip=True is only for cifar10 (a flipped {distribution} sample is another "
-                                 "distribution's sample). Set hflip: false.")
+        if hflip and distribution not in IMAGE_FILES:
+            raise UserInputError(f"hflip=True is only for cifar10 and imagefolder (a flipped {distribution} sample is "
+                                 "another distribution's sample). Set hflip: false.")
         if distribution == "cifar10" and data_dir is None:
             raise UserInputError("distribution='cifar10' needs data_dir: the folder with the official python "
                                  "pickles (cifar-10-batches-py/data_batch_1..5, test_batch). Nothing is downloaded.")
-        if data_dir is not None and distribution != "cifar10":
+        if data_dir is not None and distribution not in IMAGE_FILES:
             raise UserInputError(f"distribution={distribution!r} is embedded and reads no files, but "
                                  f"data_dir={data_dir!r} was given. Remove data_dir.")
+        if resize_to is not None and distribution != "imagefolder":
+            raise UserInputError(f"resize_to={resize_to!r} applies to distribution='imagefolder' only; "
+                                 f"{distribution!r} has a fixed size. Remove resize_to.")
+        if resize_to is not None and (isinstance(resize_to, bool) or not isinstance(resize_to, int)):
+            raise UserInputError(f"resize_to={resize_to!r} must be an integer (pixels per side) or null.")
         self.distribution, self.data_dir, self.seed = distribution, data_dir, seed
         self.batch_size, self.num_workers, self.hflip = batch_size, num_workers, hflip
         self.num_train, self.num_val, self.val_fraction = num_train, num_val, float(val_fraction)
@@ -205,6 +229,12 @@ class DiffusionToyDataModule(LightningDataModule):
             self.data_shape, self.num_classes = (2,), gmm_components
         elif distribution == "digits":
             self.data_shape, self.num_classes = (1, 8, 8), 10
+        elif distribution == "imagefolder":
+            size = 32 if resize_to is None else resize_to
+            check_range("resize_to", size, 1)
+            self.data_dir = require_data_dir(data_dir, "imagefolder", "train/<class>/*.png|jpg subfolders")
+            self.class_names, _ = scan_image_folder(self.data_dir, splits=("train",))  # fail before a model is built
+            self.data_shape, self.num_classes = (3, size, size), len(self.class_names)
         else:
             self.data_dir = find_cifar_dir("cifar10", data_dir)
             self.data_shape, self.num_classes = (3, 32, 32), 10
@@ -224,8 +254,16 @@ class DiffusionToyDataModule(LightningDataModule):
                 sets.append(_Tensors(x.float(), y))
             self.train_set, self.val_set = sets
         else:
-            pool, _ = load_digits_images() if self.distribution == "digits" else load_cifar("cifar10", self.data_dir)
+            if self.distribution == "digits":
+                pool, _ = load_digits_images()
+            elif self.distribution == "imagefolder":
+                pool = load_image_folder(self.data_dir, self.data_shape[-1])
+            else:
+                pool, _ = load_cifar("cifar10", self.data_dir)
             train_idx, val_idx = stratified_split(pool.labels, self.val_fraction, mix_seed(self.seed, _STREAM_SPLIT))
+            if len(val_idx) == 0:
+                raise UserInputError(f"{self.distribution}: no class of train/ has 2 or more images, so no validation "
+                                     "image can be held out: give every class at least 2 images.")
             self.train_set = _Tensors(pool.data[train_idx], pool.labels[train_idx], pool.scale, self.hflip)
             self.val_set = _Tensors(pool.data[val_idx], pool.labels[val_idx], pool.scale)
         self._built = True

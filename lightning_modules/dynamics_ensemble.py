@@ -20,6 +20,9 @@ Optimization with Posterior Hybrid Bayesian Belief" (Lin, Wang, Zheng; ICML 2026
   second; ``done_prob = max(termination_fn(s, a, s'), 1 - prod_d continue_d)``.
 * Known termination functions (`TERMINATION_FNS`): ``currency_exchange`` (t' >= 20 or money' < 0.1, the code's
   environment), ``hopper`` and ``walker2d`` (the standard MuJoCo health checks), ``none`` (Pendulum, HalfCheetah).
+  An environment's rule is refused on other data (`check_termination`): ``currency_exchange`` only on the embedded
+  CurrencyExchange data, ``hopper`` / ``walker2d`` only on observations of their size; a user's dataset uses ``none``
+  (termination then comes from the soft-termination model alone) or its environment's rule.
 * Validation: the held-out MSE of each member's mean prediction (normalised outputs); the ``num_elites`` best
   members are marked in the ``elite_mask`` buffer (the policy stage samples among them). Deviation: the code samples
   among all members and validates every 5 epochs only when a validation ratio is set.
@@ -213,6 +216,29 @@ def check_dims(module, obs_dim: int, action_dim: int) -> None:
                               "for {model}; set model.init_args.{name}={data} and retrain the ensemble on this data.")
 
 
+# termination rules that belong to one environment: the embedded source they model, the observation size they read
+TERMINATION_SOURCES = {"currency_exchange": "currency_exchange"}
+TERMINATION_OBS_DIMS = {"currency_exchange": 3, "hopper": 11, "walker2d": 17}
+
+
+def check_termination(module, termination: str) -> None:
+    """A termination rule of one environment must not be applied to other data: ``currency_exchange`` (the embedded
+    CurrencyExchange's ``t' >= 20 or money' < 0.1``) only to ``source=currency_exchange``, ``hopper`` and ``walker2d``
+    (MuJoCo health checks on the height and angle) only to observations of their size (11, 17)."""
+    identity = module.data_value(OfflineRLData, "dataset_identity") or {}
+    source, obs_dim = identity.get("source"), module.data_value(OfflineRLData, "obs_dim")
+    belongs_to = TERMINATION_SOURCES.get(termination)
+    size = TERMINATION_OBS_DIMS.get(termination)
+    if (belongs_to is not None and source is not None and source != belongs_to) or (
+            size is not None and obs_dim is not None and obs_dim != size):
+        raise UserInputError(f"termination={termination} is the {termination} environment's rule (it reads "
+                             f"{size}-dimensional observations{f' of source={belongs_to}' if belongs_to else ''}), "
+                             f"not one for this data (source={source}, obs_dim={obs_dim}): set "
+                             "model.init_args.termination in both stages to your environment's rule (none when "
+                             "episodes never terminate early, or one of "
+                             f"{sorted(set(TERMINATION_FNS) - {termination})}).")
+
+
 NO_TEST_STAGE = ("DynamicsEnsemble has no test stage: its held-out error (val/mse, which also picks the elites) "
                  "is measured on the validation transitions; use `validate` (or `predict` for next-state "
                  "predictions).")
@@ -226,7 +252,8 @@ class DynamicsEnsemble(PaperModule):
         ensemble_size: members E (the paper: 100). num_elites: members kept by validation MSE.
         hidden_dim, hidden_layers: member MLP (the paper: 4 x 512; the code widens layers 2-3 by 2x, here uniform).
         nll_beta: the loss weight exponent (0.5). logstd_bound_weight: the log-std bound regulariser (0.01).
-        termination: known termination function (`TERMINATION_FNS`).
+        termination: known termination function (`TERMINATION_FNS`); one environment's rule is refused on other data
+            (`check_termination`: ``currency_exchange`` needs the embedded source, ``hopper``/``walker2d`` their sizes).
         bootstrap: give each member its own resample of every batch (the code) or the same batch.
     """
 
@@ -252,6 +279,7 @@ class DynamicsEnsemble(PaperModule):
         super().setup(stage)
         if stage == "test":
             raise UserInputError(NO_TEST_STAGE)
+        check_termination(self, self.hparams.termination)
         if stage == "fit":
             self.dataset_identity = self.data_value(OfflineRLData, "dataset_identity", self.dataset_identity)
         data = self.attached_data(OfflineRLData)

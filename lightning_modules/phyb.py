@@ -39,7 +39,10 @@ the ensemble forward evaluates all members and gathers the sampled ones (simple;
 
 Checks: the ``init_from`` ensemble must have been fitted on the attached dataset (the source, the behaviour policy or
 file name and the sizes recorded in its checkpoint, `check_dataset_identity`; ``allow_other_dataset`` overrides it for
-the same data under another name), and every batch must hold ``rew`` and ``done`` of shape [B] (`check_batch`).
+the same data under another name), one environment's termination rule is not applied to other data
+(`check_termination`), and every batch must hold ``rew`` and ``done`` of shape [B] (`check_batch`). Training needs no
+environment: on a file dataset without ``env_id`` the `OfflineEvaluation` callback skips itself (one info line) and
+``val/td_error`` (the critic's held-out TD error) is the metric that exists.
 """
 from __future__ import annotations
 
@@ -55,7 +58,8 @@ from torch import Tensor, nn
 from lightning_modules.base import PaperModule, _build_from_config
 from lightning_modules.data_contract import OfflineRLData
 from lightning_modules.dynamics_ensemble import (DATASET_IDENTITY_KEY, TERMINATION_FNS, EnsembleMLP, GaussianEnsemble,
-                                                 check_batch, check_dataset_identity, check_dims, done_probability)
+                                                 check_batch, check_dataset_identity, check_dims, check_termination,
+                                                 done_probability)
 from lightning_modules.errors import UserInputError, check_range
 
 log = logging.getLogger(__name__)
@@ -158,6 +162,7 @@ class OfflineModelBasedRL(PaperModule):
     Args:
         obs_dim, action_dim, ensemble_size, ensemble_hidden_dim, ensemble_hidden_layers, termination: must match the
             DynamicsEnsemble checkpoint given as ``init_from`` (a mismatch is an error).
+            One environment's termination rule is refused on other data (`check_termination`).
         belief_target: ``mean`` | ``mopo`` | ``pmdb`` | ``phyb``.
         num_models: N models per state (10); k_smallest: PhyB's subset (5); pmdb_k: PMDB's order statistic (2).
         reward_scale: rewards are multiplied by it in the critic (Q / reward_scale is a return).
@@ -237,6 +242,7 @@ class OfflineModelBasedRL(PaperModule):
             if self.init_from_report is not None and not h.allow_other_dataset:
                 check_dataset_identity(self.init_from_dataset, current, self.init_from)
             self.dataset_identity = current or self.dataset_identity or self.init_from_dataset
+        check_termination(self, h.termination)
         if self.checkpoint_being_restored():  # an exact resume restores the ensemble right after setup
             return
         if stage == "fit" and not bool(self.ensemble.fitted):

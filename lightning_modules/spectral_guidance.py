@@ -199,7 +199,7 @@ class TimeConditionedConvEncoder(nn.Module):
         check_range("dropout", dropout, 0.0, 1.0, high_inclusive=False)
         if not channel_mults or any(m < 1 for m in channel_mults):
             raise UserInputError(f"channel_mults={list(channel_mults)} must be a non-empty list of positive integers.")
-        self.time_dim, self.num_features = time_dim, num_features
+        self.time_dim, self.num_features, self.in_channels = time_dim, num_features, in_channels
         self.time_mlp = nn.Sequential(nn.Linear(time_dim, 4 * time_dim), nn.SiLU(), nn.Linear(4 * time_dim, time_dim))
         self.stem = nn.Conv2d(in_channels, base_channels, 3, padding=1)
         blocks, downs, ch, res = nn.ModuleList(), nn.ModuleList(), base_channels, image_size
@@ -214,6 +214,10 @@ class TimeConditionedConvEncoder(nn.Module):
         self.head_norm, self.head = nn.GroupNorm(math.gcd(32, ch), ch), nn.Linear(ch, num_features)
 
     def forward(self, x: Tensor, t: Tensor) -> Tensor:
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise UserInputError(f"the encoder takes [B, {self.in_channels}, H, W] images but got a batch of shape "
+                                 f"{tuple(x.shape)}: set model.init_args.encoder.init_args.in_channels to the data's "
+                                 "channels (1 for digits, 3 for cifar10 and imagefolder).")
         cond = self.time_mlp(timestep_embedding(t.expand(len(x)) if t.numel() == 1 else t, self.time_dim))
         h = self.stem(x)
         for block, down in zip(self.blocks, self.downs):

@@ -418,6 +418,59 @@ def test_cifar_through_the_corrupted_datamodule(tmp_path):
         CorruptedImageDataModule(dataset="cifar10", data_dir=str(tmp_path))
 
 
+
+def _write_image_folder(root, classes=("owl", "cat", "dog"), counts=(("train", 5), ("test", 2))):
+    """PNGs of different sizes with a class-dependent colour (resized by the datamodule)."""
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    for split, count in counts:
+        for c, name in enumerate(classes):
+            (root / split / name).mkdir(parents=True)
+            for i in range(count):
+                array = rng.integers(0, 80, (9 + i, 11 + c, 3)) + np.eye(3, dtype=int)[c] * 170
+                Image.fromarray(array.astype(np.uint8)).save(root / split / name / f"{i}.png")
+    return root
+
+
+def test_imagefolder_through_the_corrupted_datamodule(tmp_path):
+    root = _write_image_folder(tmp_path / "images")
+    data = CorruptedImageDataModule(dataset="imagefolder", data_dir=str(root), resize_to=8, val_fraction=0.2)
+    assert (data.num_classes, data.in_channels, data.image_size) == (3, 3, 8)
+    assert data.class_names == ["cat", "dog", "owl"]                      # sorted folder names
+    data.setup()
+    assert len(data.train_set) + len(data.val_set) == 15 and len(data.test_set) == 6
+    assert data.test_set.labels.tolist() == [0, 0, 1, 1, 2, 2]
+    clean, corrupted, label = data.test_set[0]
+    assert clean.shape == corrupted.shape == (3, 8, 8) and int(label) == 0
+    # the normalisation comes from the training part only, and equals the classification datamodule's
+    train_pixels = torch.stack([data.train_set.source.pixels(int(i)) for i in data.train_set.indices]).double()
+    assert torch.allclose(data.mean.double(), train_pixels.mean(dim=(0, 2, 3)), atol=1e-6)
+    reference = ImageClassificationDataModule(dataset="imagefolder", data_dir=str(root), resize_to=8,
+                                              val_fraction=0.2)
+    reference.setup()
+    assert torch.equal(data.mean, reference.mean) and torch.equal(data.std, reference.std)
+    assert torch.equal(data.train_set.indices, reference.train_set.indices)
+    assert CorruptedImageDataModule(dataset="imagefolder", data_dir=str(root)).image_size == 32
+
+
+def test_imagefolder_errors_name_the_problem(tmp_path):
+    root = _write_image_folder(tmp_path / "images")
+    with pytest.raises(UserInputError, match="resize_to=16 does not match dataset 'digits'"):
+        CorruptedImageDataModule(resize_to=16)
+    with pytest.raises(UserInputError, match="needs data_dir"):
+        CorruptedImageDataModule(dataset="imagefolder")
+    with pytest.raises(UserInputError, match="resize_to=0 is out of range"):
+        CorruptedImageDataModule(dataset="imagefolder", data_dir=str(root), resize_to=0)
+    one_class = _write_image_folder(tmp_path / "one", classes=("cat",))
+    with pytest.raises(UserInputError, match="at least 2 classes"):
+        CorruptedImageDataModule(dataset="imagefolder", data_dir=str(one_class))
+    singles = _write_image_folder(tmp_path / "singles", classes=("cat", "dog"), counts=(("train", 1), ("test", 1)))
+    with pytest.raises(UserInputError, match="at least 2 training images"):
+        CorruptedImageDataModule(dataset="imagefolder", data_dir=str(singles)).setup()
+    (root / "test").rename(root / "eval")
+    with pytest.raises(UserInputError, match="test' is missing"):
+        CorruptedImageDataModule(dataset="imagefolder", data_dir=str(root))
+
 # ================================================================================= reduced claim (slow)
 @pytest.mark.slow
 def test_reduced_experiment_coupled_beats_enhance_then_classify(tmp_path):

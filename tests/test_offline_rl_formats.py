@@ -266,7 +266,8 @@ def test_stage_one_records_the_dataset_and_stage_two_refuses_another(currency_en
                 "--trainer.fast_dev_run=1", *QUIET)
     # the override is the user's statement that it is the same data: the fit runs
     cli = run_cli("fit", "--config", POLICY, f"--model.init_args.init_from={currency_ensemble}", *pendulum,
-                  "--model.init_args.allow_other_dataset=true", "--trainer.fast_dev_run=1", *QUIET)
+                  "--model.init_args.allow_other_dataset=true", "--model.init_args.termination=none",
+                  "--trainer.fast_dev_run=1", *QUIET)
     assert cli.model.dataset_identity["source"] == "pendulum"
 
 

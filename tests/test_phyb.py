@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from conftest import config_path, run_cli
 from datamodules.offline_rl import (CurrencyExchangeEnv, OfflineRLDataModule, PendulumEnv, load_d4rl_file,
@@ -220,3 +221,63 @@ def test_bad_input_is_one_clear_error(ensemble_checkpoint, tmp_path):
     # no ensemble at all
     with pytest.raises(UserInputError, match="untrained"):
         run_cli("fit", "--config", POLICY, "--model.init_args.init_from=null", "--trainer.fast_dev_run=1", *QUIET)
+
+
+# ============================================================================================ a user's file
+def _user_file(path, episodes: int = 8, steps: int = 25, action_bound: float = 1.0) -> list[str]:
+    """A D4RL-style NPZ of a 2-D system (obs_dim 2, action_dim 1); the data overrides that read it."""
+    rng = np.random.default_rng(0)
+    n = episodes * steps
+    timeouts = np.zeros(n, dtype=bool)
+    timeouts[steps - 1::steps] = True
+    np.savez(path, observations=rng.normal(size=(n, 2)), actions=rng.uniform(-action_bound, action_bound, (n, 1)),
+             rewards=rng.normal(size=n), terminals=np.zeros(n, dtype=bool), timeouts=timeouts)
+    return ["--data.init_args.source=d4rl", f"--data.init_args.data_path={path}", "--model.init_args.obs_dim=2",
+            "--model.init_args.action_dim=1"]
+
+
+def test_a_file_dataset_trains_both_stages_without_an_environment(tmp_path, caplog):
+    data = _user_file(tmp_path / "mine.npz")
+    steps = ["--trainer.max_steps=4", "--trainer.limit_val_batches=1", "--trainer.val_check_interval=2", *QUIET]
+    # the quick configs' CurrencyExchange rule is refused on this data, in either stage, before any step
+    currency = r"termination=currency_exchange .* \(source=d4rl, obs_dim=2\)"
+    with pytest.raises(UserInputError, match=currency):
+        run_cli("fit", "--config", ENSEMBLE, *data, *steps)
+    with pytest.raises(UserInputError, match=r"termination=hopper .* 11-dimensional .* obs_dim=2"):
+        run_cli("fit", "--config", ENSEMBLE, *data, "--model.init_args.termination=hopper", *steps)
+    run_cli("fit", "--config", ENSEMBLE, *data, "--model.init_args.termination=none", *steps)
+    with pytest.raises(UserInputError, match=currency):
+        run_cli("fit", "--config", POLICY, *data, *steps)
+    data.append("--model.init_args.termination=none")
+    with caplog.at_level("INFO", logger="callbacks.offline_evaluation"):
+        cli = run_cli("fit", "--config", POLICY, *data, *steps)
+    assert cli.trainer.global_step == 4 and cli.trainer.datamodule.evaluation_environment is None
+    assert "val/td_error" in cli.trainer.callback_metrics
+    assert not [key for key in cli.trainer.callback_metrics if key.startswith("eval/")]
+    assert [r for r in caplog.records if "no evaluation environment" in r.getMessage()]
+    assert (tmp_path / "runs/phyb/checkpoints/quick/best.ckpt").is_file()  # monitored val/td_error: it exists
+
+
+def test_what_stage_two_needs_is_asked_for_at_the_start(tmp_path):
+    data = [*_user_file(tmp_path / "mine.npz"), "--model.init_args.termination=none"]
+    steps = ["--trainer.max_steps=2", "--trainer.limit_val_batches=1", *QUIET]
+    run_cli("fit", "--config", ENSEMBLE, *data, *steps)
+    # a checkpoint that monitors an eval/ metric (as the paper configs do) without an environment: refused in setup
+    cli = run_cli("--config", POLICY, *data, *steps, run=False)
+    cli.trainer.callbacks.append(ModelCheckpoint(dirpath=str(tmp_path), monitor="eval/normalized_score", mode="max"))
+    with pytest.raises(UserInputError, match="monitors eval/normalized_score, which only the evaluation environment"):
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert cli.trainer.global_step == 0
+    # an environment that cannot be built (no gymnasium here, or an unknown id) stops the run before training
+    cli = run_cli("--config", POLICY, *data, "--data.init_args.env_id=NoSuchEnv-v0", *steps, run=False)
+    with pytest.raises(UserInputError, match="gymnasium"):
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert cli.trainer.global_step == 0
+
+
+def test_embedded_sources_refuse_env_id_and_files_refuse_unscaled_actions(tmp_path):
+    with pytest.raises(UserInputError, match="env_id='Pendulum-v1' applies to file datasets"):
+        OfflineRLDataModule(source="pendulum", env_id="Pendulum-v1")
+    _user_file(tmp_path / "big.npz", action_bound=2.0)
+    with pytest.raises(UserInputError, match=r"actions reach 1\.9\d*, outside \[-1, 1\]"):
+        load_d4rl_file(str(tmp_path / "big.npz"))

@@ -351,6 +351,40 @@ def test_digits_are_in_model_range():
     assert len(x) + len(dm.val_set) == 1438 and set(y.tolist()) == set(range(10))
 
 
+
+def test_imagefolder_reads_train_only_into_model_range(tmp_path):
+    from PIL import Image
+    for name, value in (("light", 255), ("dark", 0)):
+        (tmp_path / "train" / name).mkdir(parents=True)
+        for i in range(4):
+            Image.new("RGB", (6 + i, 5), (value,) * 3).save(tmp_path / "train" / name / f"{i}.png")
+    (tmp_path / "test").mkdir()  # not read (no test stage): an empty test/ is no error
+    dm = DiffusionToyDataModule(distribution="imagefolder", data_dir=str(tmp_path), resize_to=4, val_fraction=0.25,
+                                batch_size=2, hflip=True)
+    assert dm.data_shape == (3, 4, 4) and dm.num_classes == 2 and dm.class_names == ["dark", "light"]
+    dm.setup()
+    x, y = dm.train_tensors()
+    assert x.shape == (6, 3, 4, 4) and len(dm.val_set) == 2
+    assert (x[y == 0] == -1.0).all() and (x[y == 1] == 1.0).all() and (y == 0).sum() == 3   # dark, light in [-1, 1]
+    assert DiffusionToyDataModule(distribution="imagefolder", data_dir=str(tmp_path)).data_shape == (3, 32, 32)
+    with pytest.raises(UserInputError, match="applies to distribution='imagefolder' only"):
+        DiffusionToyDataModule(distribution="digits", resize_to=16)
+    with pytest.raises(UserInputError, match="needs data_dir"):
+        DiffusionToyDataModule(distribution="imagefolder")
+    with pytest.raises(UserInputError, match="train' is missing"):
+        DiffusionToyDataModule(distribution="imagefolder", data_dir=str(tmp_path / "test"))
+    for path in (tmp_path / "train").glob("*/[1-3].png"):
+        path.unlink()
+    with pytest.raises(UserInputError, match="at least 2 images"):
+        DiffusionToyDataModule(distribution="imagefolder", data_dir=str(tmp_path)).setup()
+
+
+def test_conv_encoder_names_a_wrong_channel_count():
+    encoder = TimeConditionedConvEncoder(1, 8, 4, base_channels=8, channel_mults=[1], time_dim=8)
+    assert encoder(torch.zeros(2, 1, 8, 8), torch.tensor(5)).shape == (2, 4)
+    with pytest.raises(UserInputError, match="in_channels to the data's channels"):
+        encoder(torch.zeros(2, 3, 8, 8), torch.tensor(5))
+
 @pytest.mark.slow
 def test_reduced_spectrum_recovery_claim():
     """S1 at reduced size: the learned eigenvalues match the closed form within 0.05 and the span aligns."""

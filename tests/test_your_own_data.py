@@ -26,7 +26,9 @@ from conftest import REPO, run_cli
 from experiments.timings import doc_files, own_data_commands, own_data_section
 
 # pages that must have the section (the rest of the collection's pages get theirs the same way)
-REQUIRED = ("trew", "tamed_sgd", "rsir", "nt_ssm", "rlvr", "ldarnet")
+REQUIRED = ("trew", "tamed_sgd", "rsir", "nt_ssm", "rlvr", "ldarnet",
+            "ec_cem", "phyb", "infogeo", "hide", "pclm", "causcibench",
+            "coupled_diffusion", "spectral_guidance", "tivdiff", "rna_fm")
 FENCE = re.compile(r"^```([\w+-]*)[^\n]*\n(.*?)^```", re.S | re.M)
 FILE_LINE = re.compile(r"#\s*file:\s*(\S+)\s*$")
 WRITER_LINE = "# file-writer"
