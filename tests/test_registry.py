@@ -13,11 +13,12 @@ from icml26.commands import run_command
 from lightning_modules.errors import UserInputError
 
 # configs/ folders that are not papers: reusable groups, sweeps and the shared GRPO/RLVR core
-NOT_PAPERS = {"trainer", "logger", "sweeps", *registry.SHARED_CONFIG_FOLDERS}
+NOT_PAPERS = {"trainer", "logger", "sweeps", "architectures", *registry.SHARED_CONFIG_FOLDERS}
 # files under configs/<paper>/ that are not CLI configs: the card itself and the experiment protocol
 NOT_CLI_CONFIGS = {"card.yaml", "experiment.yaml"}
 # result files of the collection as a whole (test-suite timings, the GRPO core's speed and memory)
-SHARED_RESULTS = {"results/timings.json", "results/rlvr_speed.json", "results/rlvr_memory.json"}
+SHARED_RESULTS = {"results/timings.json", "results/rlvr_speed.json", "results/rlvr_memory.json",
+                  "results/paper_scale.json"}
 # a callback every config attaches (the files `predict` writes): infrastructure, not a paper's piece
 INFRASTRUCTURE = {"callbacks.prediction_writer.PredictionWriter"}
 COLLECTION = ("lightning_modules.", "datamodules.", "callbacks.")
