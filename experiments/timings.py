@@ -83,6 +83,16 @@ def documented_comments(doc: str, root: Path = kit.REPO_ROOT) -> list[str]:
             if "#" in line and not line.lstrip().startswith("#")]
 
 
+def commands_outside_own_data(doc: str, root: Path = kit.REPO_ROOT) -> list[list[str]]:
+    """`documented_commands` of ``doc`` without those of its ``## Your own data`` section (by position: a command
+    that also appears earlier on the page, such as a plain quick fit, stays)."""
+    text = (root / doc).read_text()
+    section = own_data_section(text)
+    with tempfile.TemporaryDirectory() as scratch:
+        (Path(scratch) / "page.md").write_text(text.replace(section, "\n") if section else text)
+        return documented_commands("page.md", root=Path(scratch))
+
+
 def is_timed_training_command(words: list[str]) -> bool:
     """A ``python train.py`` line that runs here: not on a ``*paper.yaml`` config (real data, GPUs)."""
     return words[:2] == ["python", "train.py"] and not any(w.endswith("paper.yaml") for w in words)
@@ -116,8 +126,8 @@ def run_timed(words: list[str], cwd: Path, timeout: float) -> dict:
 
 def documented_training_commands(pages: list[str] | None = None) -> dict[str, list[list[str]]]:
     """``{page: its timed training commands}`` (all pages, or ``pages``, in page order)."""
-    return {doc: [words for words in documented_commands(doc) if is_timed_training_command(words)
-                  and words not in own_data_commands(doc)] for doc in doc_files() if pages is None or doc in pages}
+    return {doc: [words for words in commands_outside_own_data(doc) if is_timed_training_command(words)]
+            for doc in doc_files() if pages is None or doc in pages}
 
 
 def measure_commands(smoke: bool, timeout: float, pages: list[str] | None = None) -> dict[str, dict]:

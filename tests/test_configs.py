@@ -321,9 +321,13 @@ def _value_at(config, dotted: str):
     return _plain(node)
 
 
-@pytest.mark.parametrize("group", ["configs/trainer/cpu.yaml", "configs/trainer/gpu.yaml",
-                                   "configs/trainer/ddp.yaml", "configs/logger/csv.yaml",
-                                   "configs/logger/wandb.yaml"])
+# cpu.yaml and csv.yaml compose in the default suite; the GPU, DDP and W&B groups (about 19 s each, parse only) in the
+# slow suite
+@pytest.mark.parametrize("group", ["configs/trainer/cpu.yaml",
+                                   pytest.param("configs/trainer/gpu.yaml", marks=pytest.mark.slow),
+                                   pytest.param("configs/trainer/ddp.yaml", marks=pytest.mark.slow),
+                                   "configs/logger/csv.yaml",
+                                   pytest.param("configs/logger/wandb.yaml", marks=pytest.mark.slow)])
 def test_trainer_and_logger_groups_compose_with_every_paper_config(group):
     with open(config_path(group)) as f:
         leaves = dict(_leaves(yaml.safe_load(f)))

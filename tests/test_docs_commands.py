@@ -34,7 +34,7 @@ import shlex
 
 import pytest
 
-from experiments.timings import doc_files, documented_commands, own_data_commands
+from experiments.timings import commands_outside_own_data, doc_files, documented_commands
 from icml26 import commands as collection_commands
 from conftest import (PREREQUISITES, QUICK_CONFIGS, REPO, SWEEP_FILES, ParseOnlyCLI,
                       checkpoint_writers, config_path, run_cli)
@@ -53,8 +53,7 @@ NOT_RUN = {
 
 # a page's "## Your own data" commands train on the files its own examples write (absent here): they are run by
 # tests/test_your_own_data.py, which writes those files first
-COMMANDS = [(doc, " ".join(words)) for doc in DOC_FILES for words in documented_commands(doc)
-            if words not in own_data_commands(doc)]
+COMMANDS = [(doc, " ".join(words)) for doc in DOC_FILES for words in commands_outside_own_data(doc)]
 
 
 
@@ -183,10 +182,9 @@ def test_checkpoints_are_written_earlier_on_the_same_page():
     config writing a ``.ckpt`` it names) was fitted by an earlier command of the page."""
     for doc in DOC_FILES:
         fitted: set[str] = set()
-        own_data = own_data_commands(doc)  # their chain runs for real in tests/test_your_own_data.py
-        for words in documented_commands(doc):
+        for words in commands_outside_own_data(doc):  # own-data chains run in tests/test_your_own_data.py
             command = " ".join(words)
-            if (words[:2] != ["python", "train.py"] and words[0] != "icml26") or words in own_data:
+            if words[:2] != ["python", "train.py"] and words[0] != "icml26":
                 continue
             args = words[1 if words[0] == "icml26" else 2:]
             if args and args[0] in collection_commands.COMMANDS:
