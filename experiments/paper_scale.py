@@ -258,13 +258,24 @@ def _hf_model(model: nn.Module):
     return None
 
 
+def _shards(strategy, devices) -> int:
+    """Over how many devices weights, gradients and optimizer states are sharded: FSDP's device count, or the
+    ``data_parallel_size`` of a ModelParallelStrategy (FSDP2); 1 for DDP and single-device runs."""
+    if strategy is not None and hasattr(strategy, "get") and str(strategy.get("class_path", "")).endswith(
+            "ModelParallelStrategy"):
+        size = (strategy.get("init_args") or {}).get("data_parallel_size", "auto")
+        size = devices if size == "auto" else size
+        return int(size) if str(size).isdigit() else 1
+    return int(devices) if "fsdp" in str(strategy or "") and str(devices).isdigit() else 1
+
+
 def estimate(built: dict) -> dict:
     """Memory per device in bytes with its terms, and the notes that explain it."""
     config, model, name = built["config"], built["model"], built["name"]
     precision = _precision(config)
     trainer = config.trainer
     devices = trainer.get("devices")
-    shards = int(devices) if "fsdp" in str(trainer.get("strategy") or "") and str(devices).isdigit() else 1
+    shards = _shards(trainer.get("strategy"), devices)
     inference = name in INFERENCE_ONLY
     states, optimizer = (0, "none") if inference else optimizer_states(config.model.init_args.get("optimizer"))
     callbacks = config.trainer.get("callbacks") or []

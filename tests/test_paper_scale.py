@@ -57,9 +57,9 @@ def test_meta_build_of_the_7b_policy_has_the_published_parameter_count():
     params = sum(p.numel() for p in built["model"].parameters())
     assert params == 7_615_616_512                      # Qwen2.5-7B architecture: 7.61B (Qwen2.5 report)
     assert all(p.device.type == "meta" and p.dtype == torch.bfloat16 for p in built["model"].parameters())
-    memory = paper_scale.estimate(built)
-    assert memory["terms"]["weights"] == 2 * params     # bf16 weights, gradients, two AdamW states
-    assert memory["terms"]["optimizer"] == 2 * memory["terms"]["gradients"] == 4 * params
+    memory = paper_scale.estimate(built)                # FSDP2 over 8 devices (ModelParallelStrategy)
+    assert memory["terms"]["weights"] == 2 * params / 8  # bf16 weights, gradients, two AdamW states, sharded
+    assert memory["terms"]["optimizer"] == 2 * memory["terms"]["gradients"] == 4 * params / 8
     assert "datamodule not built" in built["data_note"] and "models/Qwen2.5-Math-7B" in built["data_note"]
 
 
@@ -92,3 +92,12 @@ def test_gpu_without_cuda_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         paper_scale.main(["--config", "configs/tamed_sgd/paper.yaml", "--out", str(tmp_path), "--gpu"])
     assert "--device cpu --tiny" in capsys.readouterr().err
+
+
+def test_the_shard_count_follows_the_strategy():
+    fsdp2 = {"class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
+             "init_args": {"data_parallel_size": 4, "tensor_parallel_size": 1}}
+    assert paper_scale._shards(fsdp2, 4) == 4
+    assert paper_scale._shards({**fsdp2, "init_args": {"data_parallel_size": "auto"}}, 8) == 8
+    assert paper_scale._shards("fsdp", 8) == 8
+    assert paper_scale._shards("ddp", 8) == 1 and paper_scale._shards(None, 1) == 1
