@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from torch.multiprocessing.spawn import ProcessExitedException
 
 from conftest import QUICK_CONFIGS, REPO, config_path, run_cli
 
@@ -171,9 +172,16 @@ def test_two_process_ddp_validation_equals_one_process(family, tmp_path, prerequ
     fit.trainer.save_checkpoint(ckpt)
     results = {}
     for devices, strategy in ((1, "auto"), (2, "ddp_spawn")):
-        cli = _in(tmp_path / f"validate{devices}", "validate", *common, f"--ckpt_path={ckpt}",
-                  f"--trainer.devices={devices}", f"--trainer.strategy={strategy}", "--trainer.limit_val_batches=1.0",
-                  *QUIET)
+        args = ["validate", *common, f"--ckpt_path={ckpt}", f"--trainer.devices={devices}",
+                f"--trainer.strategy={strategy}", "--trainer.limit_val_batches=1.0", *QUIET]
+        try:
+            cli = _in(tmp_path / f"validate{devices}", *args)
+        except ProcessExitedException as err:
+            # a spawned rank can abort while gloo tears down after its work is done ("terminate called without an
+            # active exception", seen once on a loaded machine); that says nothing about the metrics: run it again
+            if err.signal_name != "SIGABRT":
+                raise
+            cli = _in(tmp_path / f"validate{devices}_again", *args)
         results[devices] = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
     assert results[1], "validation logged nothing"
     assert results[2].keys() == results[1].keys()
