@@ -321,12 +321,12 @@ def _value_at(config, dotted: str):
     return _plain(node)
 
 
-# cpu.yaml and csv.yaml compose in the default suite; the GPU, DDP and W&B groups (about 19 s each, parse only) in the
+# cpu.yaml composes in the default suite; the GPU, DDP, CSV and W&B groups (about 19 s each, parse only) in the
 # slow suite
 @pytest.mark.parametrize("group", ["configs/trainer/cpu.yaml",
                                    pytest.param("configs/trainer/gpu.yaml", marks=pytest.mark.slow),
                                    pytest.param("configs/trainer/ddp.yaml", marks=pytest.mark.slow),
-                                   "configs/logger/csv.yaml",
+                                   pytest.param("configs/logger/csv.yaml", marks=pytest.mark.slow),
                                    pytest.param("configs/logger/wandb.yaml", marks=pytest.mark.slow)])
 def test_trainer_and_logger_groups_compose_with_every_paper_config(group):
     with open(config_path(group)) as f:
