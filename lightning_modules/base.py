@@ -173,9 +173,19 @@ class PaperModule(LightningModule):
                 raise UserInputError(message.format(name=name, model=model_value, data=data_value))
 
     # ----------------------------------------------------------------------------- fine-tuning
+    # A module without a test stage names the stage to use instead here; `setup("test")` refuses with it.
+    no_test_stage: str | None = None
+
     def setup(self, stage: str) -> None:
         self.unshare_metric_states()
         self.apply_init_from()
+        if stage == "test" and self.no_test_stage:
+            raise UserInputError(self.no_test_stage)
+
+    def test_step(self, batch, batch_idx):
+        """Reached only by a module without a test stage of its own (`setup("test")` refuses first; defined so that
+        the refusal is this one line, not Lightning's "no test_step" error)."""
+        raise UserInputError(self.no_test_stage or f"{type(self).__name__} has no test stage: use `validate`.")
 
     def apply_init_from(self) -> None:
         """Load ``init_from`` unless it is settled (called by `setup` in every stage: the first one loads it).

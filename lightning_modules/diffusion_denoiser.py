@@ -76,6 +76,8 @@ class DiffusionDenoiser(PaperModule):
         train_pretrained: fine-tune a loaded pretrained denoiser instead of freezing it.
     """
 
+    no_test_stage = NO_TEST_STAGE
+
     def __init__(self, denoiser: nn.Module | None = None, denoiser_path: str | None = None,
                  num_train_timesteps: int = 1000, beta_start: float = 1e-4, beta_end: float = 0.02,
                  beta_schedule: str = "linear", clip_sample: bool = False, sample_steps: int = 50,
@@ -121,14 +123,6 @@ class DiffusionDenoiser(PaperModule):
         loss = self._loss(batch[0])
         self.log("train/loss", loss, prog_bar=True)
         return loss
-
-    def setup(self, stage: str) -> None:
-        super().setup(stage)
-        if stage == "test":
-            raise UserInputError(NO_TEST_STAGE)
-
-    def test_step(self, batch, batch_idx):
-        raise UserInputError(NO_TEST_STAGE)  # `setup("test")` refuses first; defined so that the refusal is ours
 
     def validation_step(self, batch, batch_idx):
         loss = self._loss(batch[0], torch.Generator().manual_seed(batch_idx))

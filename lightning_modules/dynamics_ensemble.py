@@ -244,7 +244,22 @@ NO_TEST_STAGE = ("DynamicsEnsemble has no test stage: its held-out error (val/ms
                  "predictions).")
 
 
-class DynamicsEnsemble(PaperModule):
+class RecordsDatasetIdentity:
+    """Mixin of both PhyB stages: ``self.dataset_identity`` (the data a stage was fitted on) is written into every
+    checkpoint and read back, so that stage 2 can refuse an ensemble fitted on other data."""
+
+    dataset_identity: dict | None
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint[DATASET_IDENTITY_KEY] = self.dataset_identity
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self.dataset_identity = checkpoint.get(DATASET_IDENTITY_KEY, self.dataset_identity)
+
+
+class DynamicsEnsemble(RecordsDatasetIdentity, PaperModule):
     """Stage 1: fit the Gaussian dynamics ensemble on the offline data (see the module docstring).
 
     Args:
@@ -256,6 +271,8 @@ class DynamicsEnsemble(PaperModule):
             (`check_termination`: ``currency_exchange`` needs the embedded source, ``hopper``/``walker2d`` their sizes).
         bootstrap: give each member its own resample of every batch (the code) or the same batch.
     """
+
+    no_test_stage = NO_TEST_STAGE
 
     def __init__(self, obs_dim: int = 3, action_dim: int = 1, ensemble_size: int = 7, num_elites: int = 5,
                  hidden_dim: int = 200, hidden_layers: int = 4, nll_beta: float = 0.5,
@@ -277,8 +294,6 @@ class DynamicsEnsemble(PaperModule):
     def setup(self, stage: str) -> None:
         check_dims(self, self.hparams.obs_dim, self.hparams.action_dim)
         super().setup(stage)
-        if stage == "test":
-            raise UserInputError(NO_TEST_STAGE)
         check_termination(self, self.hparams.termination)
         if stage == "fit":
             self.dataset_identity = self.data_value(OfflineRLData, "dataset_identity", self.dataset_identity)
@@ -286,14 +301,6 @@ class DynamicsEnsemble(PaperModule):
         if stage == "fit" and data is not None and not bool(self.ensemble.fitted):
             self.ensemble.set_statistics(data.training_transitions())
             self.ensemble.fitted.fill_(True)
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        super().on_save_checkpoint(checkpoint)
-        checkpoint[DATASET_IDENTITY_KEY] = self.dataset_identity
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        super().on_load_checkpoint(checkpoint)
-        self.dataset_identity = checkpoint.get(DATASET_IDENTITY_KEY, self.dataset_identity)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         check_batch(batch)
@@ -332,8 +339,6 @@ class DynamicsEnsemble(PaperModule):
         self.log("val/mse", mse[elites].mean(), prog_bar=True)
         self.log("val/mse_all_members", mse.mean())
 
-    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        raise UserInputError(NO_TEST_STAGE)  # `setup("test")` refuses first; defined so that the refusal is ours
 
     def predict_step(self, batch: dict[str, Tensor], batch_idx: int = 0) -> dict[str, Tensor]:
         """Mean over the members of the predicted next state and raw reward, with the done probability."""

@@ -58,8 +58,8 @@ from torch import Tensor, nn
 from lightning_modules.base import PaperModule, _build_from_config
 from lightning_modules.data_contract import OfflineRLData
 from lightning_modules.dynamics_ensemble import (DATASET_IDENTITY_KEY, TERMINATION_FNS, EnsembleMLP, GaussianEnsemble,
-                                                 check_batch, check_dataset_identity, check_dims, check_termination,
-                                                 done_probability)
+                                                 RecordsDatasetIdentity, check_batch, check_dataset_identity,
+                                                 check_dims, check_termination, done_probability)
 from lightning_modules.errors import UserInputError, check_range
 
 log = logging.getLogger(__name__)
@@ -155,7 +155,7 @@ NO_TEST_STAGE = ("OfflineModelBasedRL has no test stage: its evaluation is onlin
                  "during fit/validate); use `validate` (or `predict` for the policy's actions).")
 
 
-class OfflineModelBasedRL(PaperModule):
+class OfflineModelBasedRL(RecordsDatasetIdentity, PaperModule):
     """Stage 2 of PhyB (and the MOPO / PMDB / mean-ensemble targets with the same actor-critic); see the module
     docstring. ``optimizer`` is the critic's (Adam 3e-4 in the code), ``actor_optimizer`` the actor's (Adam 3e-5).
 
@@ -169,6 +169,8 @@ class OfflineModelBasedRL(PaperModule):
         allow_other_dataset: start from an ensemble checkpoint that recorded another dataset (source, behaviour or
             file name) than the attached one; only for the same data under another name (default False: an error).
     """
+
+    no_test_stage = NO_TEST_STAGE
 
     def __init__(self, obs_dim: int = 3, action_dim: int = 1, ensemble_size: int = 7, ensemble_hidden_dim: int = 200,
                  ensemble_hidden_layers: int = 4, termination: str = "none", belief_target: str = "phyb",
@@ -230,8 +232,6 @@ class OfflineModelBasedRL(PaperModule):
         h = self.hparams
         check_dims(self, h.obs_dim, h.action_dim)
         super().setup(stage)
-        if stage == "test":
-            raise UserInputError(NO_TEST_STAGE)
         report = self.init_from_report or {}
         bad = [k for k in report.get("shape_mismatch", []) if k.startswith("ensemble.")]
         if bad:
@@ -261,14 +261,6 @@ class OfflineModelBasedRL(PaperModule):
             log.warning("init_from %s records no dataset (written before datasets were recorded): make sure its "
                         "ensemble was fitted on the attached data.", self.init_from)
         return report
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        super().on_save_checkpoint(checkpoint)
-        checkpoint[DATASET_IDENTITY_KEY] = self.dataset_identity
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        super().on_load_checkpoint(checkpoint)
-        self.dataset_identity = checkpoint.get(DATASET_IDENTITY_KEY, self.dataset_identity)
 
     def configure_optimizers(self):
         critic = self.build_optimizer(self.critic.parameters())
@@ -422,8 +414,6 @@ class OfflineModelBasedRL(PaperModule):
         self.val_td_error.update(error.square())
         self.log("val/td_error", self.val_td_error, prog_bar=True)
 
-    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        raise UserInputError(NO_TEST_STAGE)  # `setup("test")` refuses first; defined so that the refusal is ours
 
     def predict_step(self, batch: dict[str, Tensor], batch_idx: int = 0) -> dict[str, Tensor]:
         """The deterministic action tanh(mean) and its Q as a return (Q / reward_scale)."""

@@ -323,6 +323,8 @@ class SpectralGuidanceEncoder(PaperModule):
             folder (e.g. a copy of google/ddpm-cifar10-32); clip_sample: the DDIM sampler's x0 clamp.
     """
 
+    no_test_stage = NO_TEST_STAGE
+
     def __init__(self, encoder: nn.Module, num_train_timesteps: int = 1000, beta_start: float = 1e-4,
                  beta_end: float = 0.02, beta_schedule: str = "linear", ridge: float = 1e-3, eps: float = 1e-6,
                  train_t_min: int = 10, train_t_step: int = 10, encode_t_min: int = 10, encode_t_step: int = 10,
@@ -400,14 +402,6 @@ class SpectralGuidanceEncoder(PaperModule):
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/eigenvalue_mean", lam.mean())
         return loss
-
-    def setup(self, stage: str) -> None:
-        super().setup(stage)
-        if stage == "test":
-            raise UserInputError(NO_TEST_STAGE)
-
-    def test_step(self, batch, batch_idx):
-        raise UserInputError(NO_TEST_STAGE)  # `setup("test")` refuses first; defined so that the refusal is ours
 
     def validation_step(self, batch, batch_idx):
         gen = torch.Generator().manual_seed(batch_idx)

@@ -360,6 +360,8 @@ class TIVDiff(PaperModule):
         sample_seed: seed of the Gaussian-Shading uniforms in predict_step (plus the batch index).
     """
 
+    no_test_stage = NO_TEST_STAGE
+
     def __init__(self, num_train_identities: int = 160, image_resolution: int = 16, embedding_dim: int = 32,
                  encoder_channels: int = 32, vip_hidden: int = 128, train_parts: Sequence[str] = PARTS,
                  cosface_scale: float = 16.0, cosface_margin: float = 0.2, separation_weight: float = 1.0,
@@ -427,8 +429,6 @@ class TIVDiff(PaperModule):
     # ------------------------------------------------------------------------------------------- setup
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        if stage == "test":
-            raise UserInputError(NO_TEST_STAGE)
         wanted = self.data_value(FaceIdentityData, "num_train_identities")
         if stage == "fit" and wanted is not None and wanted > self.hparams.num_train_identities:
             raise UserInputError(f"the data has {wanted} training identities but num_train_identities="
@@ -524,8 +524,6 @@ class TIVDiff(PaperModule):
         self.log_dict({f"train/{k}": v.detach() for k, v in losses.items()}, prog_bar=False, batch_size=n)
         return losses["loss"]
 
-    def test_step(self, batch: dict, batch_idx: int) -> None:
-        raise UserInputError(NO_TEST_STAGE)  # `setup("test")` refuses first; defined so that the refusal is ours
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         n = len(batch["image"])
