@@ -7,7 +7,7 @@
 For every paper config the module and the datamodule are built the way the CLI builds them (`train.main` parses
 the YAML; `parser.instantiate_classes` builds each part), with one substitution: a weight folder that is not on
 this machine (``models/Qwen2.5-Math-7B``) is replaced by the architecture's published config.json shipped in
-``configs/architectures/<name>/`` (random weights, nothing downloaded). Models whose parameters would not fit in
+``experiments/architectures/<name>/`` (random weights, nothing downloaded). Models whose parameters would not fit in
 CPU memory are built on the meta device. A datamodule whose data is absent is recorded as not built (its error).
 The memory estimate (docs/paper_scale.md) is weights + gradients + optimizer states (+ an EMA copy) + activations
 at the config's batch and sequence length; writes ``results/paper_scale.json`` and ``results/paper_scale.md``.
@@ -29,11 +29,11 @@ from torch import nn
 from lightning_modules.errors import UserInputError
 
 ROOT = Path(__file__).resolve().parents[1]
-ARCHITECTURES = ROOT / "configs" / "architectures"
+ARCHITECTURES = ROOT / "experiments" / "architectures"
 GIB = 1024 ** 3
 META_THRESHOLD = 2e9  # bytes of weights above which a model is built on the meta device (CPU memory is 24 GiB)
 DEFAULT_DEVICE_GIB = 80.0
-# Published parameter counts of models that are not in configs/architectures (paper or official code).
+# Published parameter counts of models that are not in experiments/architectures (paper or official code).
 PAPER_PARAMS = {"configs/ldarnet/pretrain_paper.yaml": (110_690_000, "LDARNet-110M: 110.69M (official code)")}
 # Data-dependent sizes at the published datasets, for models that read them from the data (absent here).
 DATA_SIZES = {
@@ -51,7 +51,7 @@ LAZY_BACKBONES = {"HiDe": ("backbone", "model_path", "vision_language"),
 
 # ============================================================================================ architectures
 def architecture(name: str) -> dict:
-    """The published config.json of ``configs/architectures/<name>`` (keys starting with "_" are notes)."""
+    """The published config.json of ``experiments/architectures/<name>`` (keys starting with "_" are notes)."""
     path = ARCHITECTURES / ALIASES.get(name, name) / "config.json"
     if not path.is_file():
         raise UserInputError(f"no architecture file {path}: add the model's published config.json there.")
@@ -110,7 +110,7 @@ def substitute_weights(config) -> list[str]:
             else:
                 values = settings(published)
             args.path, args.config = None, values
-            notes.append(f"{'.'.join(trail)}: random weights of configs/architectures/{folder}")
+            notes.append(f"{'.'.join(trail)}: random weights of experiments/architectures/{folder}")
         for key in WEIGHT_FILE_KEYS:
             if args.get(key) and not os.path.exists(args[key]):
                 args[key] = None
@@ -168,7 +168,7 @@ def build(path: str) -> dict:
             attr, key, kind = LAZY_BACKBONES[name]
             holder = config.model.init_args[attr].init_args if attr else config.model.init_args
             extra = build_hf(architecture(Path(holder[key]).name), kind)
-            notes.append(f"{key}: loaded at test time; counted from configs/architectures/{Path(holder[key]).name}")
+            notes.append(f"{key}: loaded at test time; counted from experiments/architectures/{Path(holder[key]).name}")
     try:
         datamodule = _instantiate(parser, config, "data")
         data_note = f"datamodule {type(datamodule).__name__} built"

@@ -13,7 +13,7 @@ from icml26.commands import run_command
 from lightning_modules.errors import UserInputError
 
 # configs/ folders that are not papers: reusable groups, sweeps and the shared GRPO/RLVR core
-NOT_PAPERS = {"trainer", "logger", "sweeps", "architectures", *registry.SHARED_CONFIG_FOLDERS}
+NOT_PAPERS = {"trainer", "logger", "sweeps", *registry.SHARED_CONFIG_FOLDERS}
 # files under configs/<paper>/ that are not CLI configs: the card itself and the experiment protocol
 NOT_CLI_CONFIGS = {"card.yaml", "experiment.yaml"}
 # result files of the collection as a whole (test-suite timings, the GRPO core's speed and memory)
