@@ -24,8 +24,8 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import WandbLogger
 
-from lightning_modules.data_contract import ConceptData
-from lightning_modules.errors import UserInputError, check_range
+from lightning_modules.shared.data_contract import ConceptData
+from lightning_modules.shared.errors import UserInputError, check_range
 
 POLICIES = ("random", "uncertainty")
 REQUIRED = ("concept_outputs", "intervene", "task_logits", "concept_uncertainty")

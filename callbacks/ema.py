@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 from lightning.pytorch import Callback
 
-from lightning_modules.base import read_checkpoint
-from lightning_modules.errors import UserInputError, check_range
+from lightning_modules.shared.base import read_checkpoint
+from lightning_modules.shared.errors import UserInputError, check_range
 
 
 class EMAWeights(Callback):

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from lightning_modules.errors import UserInputError
+from lightning_modules.shared.errors import UserInputError
 
 PROBE_MAX_ITER = 500  # lbfgs iterations per probe
 # scikit-learn's note when a label has more distinct values than half the clips (the sentence-id probe on few clips)

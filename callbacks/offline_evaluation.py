@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from lightning_modules.errors import UserInputError
+from lightning_modules.shared.errors import UserInputError
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 ``PredictionWriter`` (a Lightning ``BasePredictionWriter``) collects every predict batch and, at the end of the
 predict epoch, writes the module's predictions into ``output_dir``. Each module turns its ``predict_step`` outputs
-into named per-example fields with ``prediction_fields(outputs, batch)`` (`lightning_modules.base.PaperModule`;
+into named per-example fields with ``prediction_fields(outputs, batch)`` (`lightning_modules.shared.base.PaperModule`;
 a module without the hook gets its dict passed through, or a bare tensor named ``prediction``). Files:
 
 * ``predictions.pt``: every field concatenated over the batches (``torch.load``), plus ``example``, the index of
@@ -35,7 +35,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_modules.errors import check_range
+from lightning_modules.shared.errors import check_range
 
 
 class PredictionWriter(BasePredictionWriter):

@@ -46,8 +46,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
 
 from datamodules.sequences import write_sequence_file
-from lightning_modules.data_contract import SelfImprovingSequenceData
-from lightning_modules.errors import UserInputError, check_range
+from lightning_modules.shared.data_contract import SelfImprovingSequenceData
+from lightning_modules.shared.errors import UserInputError, check_range
 
 log = logging.getLogger(__name__)
 
@@ -130,8 +130,8 @@ def _datamodule_of(trainer: Trainer):
 
 def load_generator(path: str, trusted: bool = False) -> LightningModule:
     """A SequentialRecommender checkpoint as the generator (e.g. a weaker model: weak-to-strong)."""
-    from lightning_modules.base import read_checkpoint
-    from lightning_modules.sequential_rec import SequentialRecommender
+    from lightning_modules.shared.base import read_checkpoint
+    from lightning_modules.rsir.sequential_rec import SequentialRecommender
 
     read_checkpoint(path, trusted=trusted, what="generator checkpoint")  # clear errors first
     return SequentialRecommender.load_from_checkpoint(path, map_location="cpu", weights_only=not trusted)

@@ -29,7 +29,7 @@ vanishes as ``lr -> 0`` (as for tamed Langevin schemes).
 
 How it attaches. `SGDTaming` rewrites ``p.grad`` in ``on_before_optimizer_step`` so that a plain
 ``torch.optim.SGD`` step (no momentum, no weight decay) applies the tamed update; the learning-rate scheduler
-`lightning_modules.schedulers.RobbinsMonroLR` gives the ``lr_n = lr_0 (n + n0)^(-power)`` schedule. The pure
+`lightning_modules.tamed_sgd.schedulers.RobbinsMonroLR` gives the ``lr_n = lr_0 (n + n0)^(-power)`` schedule. The pure
 functions `tamed_direction`, `dissipative_direction` and `clipped_direction` act on a flat vector or on a batch
 of independent runs (leading dims are runs, the last dim is the parameter vector, norms are per run); the
 callback and ``experiments/tamed_sgd.py`` share them.
@@ -45,7 +45,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
 
-from lightning_modules.errors import UserInputError
+from lightning_modules.shared.errors import UserInputError
 
 SCHEMES = ("tamed", "dissipative")
 _SHARDED_STRATEGIES = {"FSDPStrategy", "DeepSpeedStrategy", "ModelParallelStrategy"}

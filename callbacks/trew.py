@@ -2,13 +2,13 @@
 
 Attach to any module that exposes ``original`` (the frozen model being unlearned, whose last layer is an
 ``nn.Linear``), ``forget_class`` and a ``forget_logit_offset`` buffer, such as
-`lightning_modules.trew.ClassUnlearning` with ``method: trew``. At the start of fit it computes
+`lightning_modules.trew.trew.ClassUnlearning` with ``method: trew``. At the start of fit it computes
 s = softmax_{j != f}(cos(PCA(W)_f, PCA(W)_j) / T) from the original final-layer weights W and stores
 ``beta * s`` in the module, which then uses q ∝ p_original · exp(beta s) as the target on forget inputs.
 ``beta = 0`` gives the "forget class removed and renormalised" ablation. ``similarity: confusion`` replaces
 the weight similarity by the original model's mean confusions on the forget-class training inputs (read
 through the datamodule's ``forget_dataloader("train")``), a documented alternative that is not the paper's.
-See the module docstring of `lightning_modules/trew.py` for the paper and for what is reconstructed.
+See the module docstring of `lightning_modules/trew/trew.py` for the paper and for what is reconstructed.
 """
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from typing import Literal
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from lightning_modules.classifier import final_linear
-from lightning_modules.data_contract import UnlearningData
-from lightning_modules.errors import UserInputError, check_range
-from lightning_modules.trew import class_similarity, confusion_similarity, predict_probabilities
+from lightning_modules.shared.classifier import final_linear
+from lightning_modules.shared.data_contract import UnlearningData
+from lightning_modules.shared.errors import UserInputError, check_range
+from lightning_modules.trew.trew import class_similarity, confusion_similarity, predict_probabilities
 
 log = logging.getLogger(__name__)
 

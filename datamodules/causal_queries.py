@@ -36,19 +36,19 @@ Sources (``test_source`` of `CausalQueryDataModule`; training and validation que
   ``a x b``, ``y = re78 - re75``) become design columns evaluated by formulaic on the data file (text controls
   and instruments become category dummies, as a formula would make them). ``interaction_var`` and
   ``multirct_treatment`` are kept as the roles ``interaction`` and ``treatment_arm`` (their use by each estimator
-  is in `lightning_modules.causal_estimators`). The release has no RDD cutoff field: a ``cutoff`` field is read
+  is in `lightning_modules.causcibench.causal_estimators`). The release has no RDD cutoff field: a ``cutoff`` field is read
   when present, else the cutoff is inferred with a warning (the round number between the two sides of a sharp
   0/1 treatment, e.g. 0 or 50 rather than the first treated value; else 0).
 
 Method labels are normalised to the closed set of `METHOD_LABELS` (the same set as
-`lightning_modules.causal_estimators.METHODS`; a test keeps them equal); an unknown label is an error.
+`lightning_modules.causcibench.causal_estimators.METHODS`; a test keeps them equal); an unknown label is an error.
 
 `query_features` (the learned method selector's input) sees only the question, the description and the data
 file (column names and simple structure), never the roles or the reference method.
 
 Length: one data family read top to bottom (the synthetic designs, the causaldata queries with their
 reference effects, the benchmark's file layout and the selector's features share the query dictionary defined
-here); the estimators live in `lightning_modules/causal_estimators.py`.
+here); the estimators live in `lightning_modules/causcibench/causal_estimators.py`.
 """
 from __future__ import annotations
 
@@ -65,9 +65,9 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, TensorDataset
 
 from datamodules.sampling import evaluation_sampler, training_sampler
-from lightning_modules.causal_methods import METHODS as METHOD_LABELS, SYNONYMS as _SYNONYMS  # noqa: F401
-from lightning_modules.causal_methods import normalise_method
-from lightning_modules.errors import UserInputError, one_line
+from lightning_modules.causcibench.causal_methods import METHODS as METHOD_LABELS, SYNONYMS as _SYNONYMS  # noqa: F401
+from lightning_modules.causcibench.causal_methods import normalise_method
+from lightning_modules.shared.errors import UserInputError, one_line
 
 DESIGNS = ("rct", "observational", "iv", "iv_encouragement", "rdd", "did_canonical", "did_twfe", "frontdoor")
 DESIGN_METHOD = {"rct": "ols", "observational": "matching", "iv": "iv", "iv_encouragement": "iv", "rdd": "rdd",
@@ -377,7 +377,7 @@ REAL_QUERIES = {
 
 
 # the reference effects, computed once by each query's reference method with the estimators of
-# lightning_modules/causal_estimators.py (rdd: every row, separate slopes; did: TWFE; iv: 2SLS; matching: 1-NN on a
+# lightning_modules/causcibench/causal_estimators.py (rdd: every row, separate slopes; did: TWFE; iv: 2SLS; matching: 1-NN on a
 # logistic propensity score) on causaldata 0.1.5; tests/test_causcibench.py recomputes them
 REFERENCE_EFFECTS = {"close_elections_score": 55.431359, "close_elections_incumbency": 0.669785,
                      "thornton_hiv_ols": 0.447008, "nsw_lalonde_ols": 1676.342625, "close_college_iv": 0.124164,
@@ -387,7 +387,7 @@ REFERENCE_EFFECTS = {"close_elections_score": 55.431359, "close_elections_incumb
 
 def real_query(name: str) -> dict:
     """The real query ``name`` of `REAL_QUERIES`, with its pinned reference effect (recomputed by its reference
-    method with `lightning_modules.causal_estimators`; tests/test_causcibench.py recomputes and compares)."""
+    method with `lightning_modules.causcibench.causal_estimators`; tests/test_causcibench.py recomputes and compares)."""
     if name not in REAL_QUERIES:
         raise UserInputError(f"unknown real query {name!r}; choose from {sorted(REAL_QUERIES)}.")
     loader, method, given, question, description, note = REAL_QUERIES[name]

@@ -45,7 +45,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from datamodules.readers import load_release_pickle, require_data_dir
 from datamodules.sampling import evaluation_sampler, training_sampler
-from lightning_modules.errors import UserInputError, check_range
+from lightning_modules.shared.errors import UserInputError, check_range
 
 DATASETS = ("xor", "trig", "dot", "correlated", "cub", "celeba")
 SYNTHETIC_INPUT_DIM = {"xor": 2, "trig": 7, "dot": 4}

@@ -38,7 +38,7 @@ Datasets and the formats read (``data_dir`` is a local folder; nothing is downlo
 Outputs and pixel convention
 ----------------------------
 ``output="coupled"`` (default): batches ``(clean, corrupted, label)`` with both images as [0, 1] pixels
-(C x H x W floats; models map them to [-1, 1] with `lightning_modules.denoisers.to_model_range`).
+(C x H x W floats; models map them to [-1, 1] with `lightning_modules.shared.denoisers.to_model_range`).
 Training images are corrupted afresh on every visit (torch's global RNG, seeded by ``seed_everything``);
 validation and test images carry a FIXED corruption per example (a generator seeded from the split and the
 example's index, independent of ``seed``), so every run is evaluated on the same corrupted test set.
@@ -70,7 +70,7 @@ from datamodules.readers import (CIFAR_LAYOUT, VAL_SPLIT_STREAM, FileImages, Ten
                                  find_cifar_dir, load_cifar, load_digits_images, load_release_pickle,
                                  require_data_dir, scan_image_folder, stratified_split)
 from datamodules.sampling import evaluation_sampler, mix_seed, training_sampler
-from lightning_modules.errors import UserInputError, check_range
+from lightning_modules.shared.errors import UserInputError, check_range
 
 CORRUPTIONS = ("pixel_replacement", "gaussian_noise", "gaussian_blur")
 DATASETS = ("digits", "cifar10", "cifar100", "imagenet32", "imagefolder")

@@ -41,7 +41,7 @@ transformers folder; nothing is downloaded). Files are for probing only: there i
 
 Batches: training ``input_tokens`` [B, L] right-padded ``BOS sentence EOS`` and ``loss_mask`` (``loss_on: all``:
 every token after BOS, plain language modelling; ``label``: the label and EOS only), the interface of
-`lightning_modules.sft.SupervisedWarmup`. Evaluation: ``prompt_tokens`` [M, Lp] left-padded, ``prompt_mask``,
+`lightning_modules.rlvr.sft.SupervisedWarmup`. Evaluation: ``prompt_tokens`` [M, Lp] left-padded, ``prompt_mask``,
 ``prompt_ids``, ``answers`` (M lists), ``labels`` [M] (index into ``emotion_words``; -1 = unlabelled).
 """
 from __future__ import annotations
@@ -57,7 +57,7 @@ from torch.utils.data import DataLoader
 
 from datamodules.sampling import LoaderGeneratorReplaySampler, evaluation_sampler, training_sampler
 from datamodules.verifiable_tasks import HFTokenizer, ListDataset, collate_prompts
-from lightning_modules.errors import UserInputError, check_range
+from lightning_modules.shared.errors import UserInputError, check_range
 
 # Shaver et al. (1987), Figure 1: basic category -> subordinate words (the basic word itself excluded).
 SHAVER_BASIC = ("love", "joy", "surprise", "anger", "sadness", "fear")

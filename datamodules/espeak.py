@@ -42,7 +42,7 @@ from typing import Literal
 
 import numpy as np
 
-from lightning_modules.errors import UserInputError
+from lightning_modules.shared.errors import UserInputError
 
 # speak_lib.h / espeak_ng.h
 AUDIO_OUTPUT_SYNCHRONOUS = 2

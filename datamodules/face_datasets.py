@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from datamodules.face_renderer import landmark_heatmap
-from lightning_modules.errors import UserInputError
+from lightning_modules.shared.errors import UserInputError
 
 log = logging.getLogger(__name__)
 

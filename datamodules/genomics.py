@@ -53,7 +53,7 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
 from datamodules.sampling import evaluation_sampler, mix_seed, training_sampler
-from lightning_modules.errors import UserInputError, check_range
+from lightning_modules.shared.errors import UserInputError, check_range
 
 PAD_ID, N_ID = 6, 4
 MOTIFS = ("TATAAA", "CCAAT", "GGGCGG")

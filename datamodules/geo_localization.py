@@ -66,7 +66,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from datamodules.readers import FileImages, require_data_dir
 from datamodules.sampling import evaluation_sampler, mix_seed
-from lightning_modules.errors import UserInputError, check_range
+from lightning_modules.shared.errors import UserInputError, check_range
 
 DATASETS = ("synthetic", "university1652", "sues200", "denseuav")
 PAIRINGS = ("random", "all")

@@ -63,7 +63,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from datamodules.readers import require_data_dir
 from datamodules.sampling import evaluation_sampler, mix_seed, training_sampler
-from lightning_modules.errors import UserInputError, check_range
+from lightning_modules.shared.errors import UserInputError, check_range
 
 COLOURS = {"red": (215, 45, 40), "green": (40, 175, 60), "blue": (45, 80, 225), "yellow": (225, 205, 40)}
 COLOUR_NAMES = list(COLOURS)

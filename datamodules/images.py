@@ -61,7 +61,7 @@ from datamodules.readers import (CIFAR_LAYOUT, VAL_SPLIT_STREAM, FileImages, Ten
                                 find_cifar_dir, load_cifar, load_digits_images, require_data_dir, scan_image_folder,
                                 stratified_split)
 from datamodules.sampling import evaluation_sampler, mix_seed, training_sampler
-from lightning_modules.errors import UserInputError, check_range
+from lightning_modules.shared.errors import UserInputError, check_range
 
 DATASETS = ("digits", "cifar10", "cifar100", "imagefolder")
 SPLITS = ("train", "val", "test")

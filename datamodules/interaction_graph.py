@@ -44,7 +44,7 @@ Batches
 
 ``num_users``, ``num_items`` (and ``dropped``) load the data on first access. ``train_edge_index()`` is the
 (2, E) train edge tensor; the model builds its propagation graph D^-1/2 A D^-1/2 from it (train edges only,
-`lightning_modules.nt_ssm.normalized_adjacency`).
+`lightning_modules.nt_ssm.nt_ssm.normalized_adjacency`).
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from datamodules.sampling import EpochShuffleSampler, evaluation_sampler, training_sampler
 from datamodules.recsys_files import iter_fields, movielens_100k_path, read_recbole_inter
-from lightning_modules.errors import UserInputError, check_range
+from lightning_modules.shared.errors import UserInputError, check_range
 
 log = logging.getLogger(__name__)
 

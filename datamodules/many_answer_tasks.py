@@ -44,8 +44,8 @@ from torch.utils.data import DataLoader
 
 from datamodules.verifiable_tasks import CharTokenizer, HFTokenizer, ListDataset, PromptCollator, evaluation_id_offset
 from datamodules.sampling import LoaderGeneratorReplaySampler, evaluation_sampler, training_sampler
-from lightning_modules.errors import UserInputError, check_range
-from lightning_modules.multi_answer_protocol import format_completion
+from lightning_modules.shared.errors import UserInputError, check_range
+from lightning_modules.multi_answer_rl.multi_answer_protocol import format_completion
 
 Source = Literal["divisors", "jsonl"]
 AnswerFormat = Literal["multi", "single"]

@@ -53,7 +53,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
-from lightning_modules.errors import UserInputError, one_line
+from lightning_modules.shared.errors import UserInputError, one_line
 
 D4RL_KEYS = ("observations", "actions", "rewards", "terminals", "timeouts")
 SOURCES = ("currency_exchange", "pendulum", "d4rl", "minari")

@@ -23,7 +23,7 @@ different samples (the wheel's 1.52.0 against Debian 12's 1.51: see `datamodules
 bit-identical only at the same version.
 
 Each example also carries ``content`` (the sentence id, 50 classes): the content-only pre-training target of the
-encoder (`lightning_modules.audio_language_model.SpeechContentPretraining`) and ``attributes`` (the four values,
+encoder (`lightning_modules.pclm.audio_language_model.SpeechContentPretraining`) and ``attributes`` (the four values,
 -1 when unknown) for the per-layer probes (`callbacks.layer_probing.LayerProbing`).
 
 Files, two layouts (``data_format``); audio is PCM wav read with the stdlib ``wave`` module:
@@ -49,7 +49,7 @@ Files, two layouts (``data_format``); audio is PCM wav read with the stdlib ``wa
   ``choice_b``); ``adversarial_labels`` is a list, or one string (several joined by ``|`` or ``,`` are split when
   the whole string is no option; the project page shows two adversarial labels for a vocal-range question). Each
   record keeps its ``id`` and all its adversarial labels: ALA counts a prediction that equals any of them
-  (`lightning_modules.audio_language_model.OptionAgreement`), and predictions carry the ``id`` and the chosen
+  (`lightning_modules.pclm.audio_language_model.OptionAgreement`), and predictions carry the ``id`` and the chosen
   option's text. A row without a field, an answer or adversarial label that is no choice, an adversarial label
   equal to ``answer_gt`` (the release's labels are disjoint by construction), a repeated ``id`` and unreadable
   audio are each one `UserInputError` naming ``metadata.jsonl``, the line and the field.
@@ -106,7 +106,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from datamodules import espeak
 from datamodules.sampling import evaluation_sampler, training_sampler
-from lightning_modules.errors import UserInputError, check_range, one_line
+from lightning_modules.shared.errors import UserInputError, check_range, one_line
 
 SAMPLE_RATE = 16_000
 TASKS = ("pitch", "speed", "gender", "volume")

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_modules.errors import UserInputError
+from lightning_modules.shared.errors import UserInputError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
 DIGITS_TEST_SEED = 0            # the digits train/test split never changes with `seed`

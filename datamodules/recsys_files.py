@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lightning_modules.errors import UserInputError
+from lightning_modules.shared.errors import UserInputError
 
 
 @dataclass

@@ -53,7 +53,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from datamodules.sampling import evaluation_sampler, training_sampler
 from datamodules.recsys_files import (chronological_sequences, movielens_100k_path, read_pairs,
                                       read_recbole_inter)
-from lightning_modules.errors import UserInputError, check_range
+from lightning_modules.shared.errors import UserInputError, check_range
 
 log = logging.getLogger(__name__)
 

@@ -53,7 +53,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from datamodules.sampling import LoaderGeneratorReplaySampler, evaluation_sampler, training_sampler
-from lightning_modules.errors import UserInputError, check_range
+from lightning_modules.shared.errors import UserInputError, check_range
 
 BACKGROUND_KEYS = ("UNMAPPED", "UNCLASSIFIED")
 

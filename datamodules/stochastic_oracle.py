@@ -2,7 +2,7 @@
 
 Used by the tamed-SGD benchmark (paper: "Taming Stochastic Gradient Descent: Almost Sure Convergence and
 Saddle-Point Avoidance under (L0, L1)-Smoothness", Apidopoulos, Lytras, Mertikopoulos, ICML 2026; see
-``lightning_modules/tamed_sgd.py``). There is no dataset: each training "batch" is a tensor of shape
+``lightning_modules/tamed_sgd/tamed_sgd.py``). There is no dataset: each training "batch" is a tensor of shape
 ``(batch_size, dim + 1)`` of standard Gaussian samples ``xi = (xi_0, xi_1, ..., xi_dim)``; ``xi_0`` drives the
 multiplicative noise and ``xi_{1:}`` the additive noise of the oracle. ``batch_size > 1`` averages that many
 oracle samples per step (minibatching). The whole table of ``num_steps`` minibatches is drawn up front from a
@@ -21,7 +21,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_modules.errors import UserInputError
+from lightning_modules.shared.errors import UserInputError
 
 
 def oracle_noise(seed: int, num_steps: int, batch_size: int, dim: int) -> Tensor:

@@ -49,7 +49,7 @@ from torch.utils.data import DataLoader, Dataset
 from datamodules.face_datasets import load_real_faces
 from datamodules.face_renderer import synthetic_faces
 from datamodules.sampling import evaluation_sampler, mix_seed, training_sampler
-from lightning_modules.errors import UserInputError, check_range
+from lightning_modules.shared.errors import UserInputError, check_range
 
 SOURCES = ("synthetic", "celeba", "lfw")
 SPLITS = ("auto", "official", "drawn")

@@ -45,7 +45,7 @@ from torch.utils.data import DataLoader, Dataset
 from datamodules.readers import (FileImages, TensorImages, find_cifar_dir, load_cifar, load_digits_images,
                                  require_data_dir, scan_image_folder, stratified_split)
 from datamodules.sampling import evaluation_sampler, mix_seed, training_sampler
-from lightning_modules.errors import UserInputError, check_range
+from lightning_modules.shared.errors import UserInputError, check_range
 
 DISTRIBUTIONS = ("gaussian", "gmm", "digits", "cifar10", "imagefolder")
 IMAGE_FILES = ("cifar10", "imagefolder")  # the distributions read from data_dir

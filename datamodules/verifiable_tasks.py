@@ -34,7 +34,7 @@ Batches (the interface every RLVR module reads): ``prompt_ids`` [M], ``prompt_to
 SFT batches: ``input_tokens`` [B, L] RIGHT-padded ``BOS prompt target EOS`` and ``loss_mask`` [B, L], True where
 the token is a supervised target (target and EOS; predicted from the previous position).
 
-The verifier (`extract_answer`, `normalize_math_answer`, `answers_match`) lives in `lightning_modules.answers`,
+The verifier (`extract_answer`, `normalize_math_answer`, `answers_match`) lives in `lightning_modules.rlvr.answers`,
 shared by the rewards and the data.
 """
 from __future__ import annotations
@@ -49,7 +49,7 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
 from datamodules.sampling import LoaderGeneratorReplaySampler, evaluation_sampler, training_sampler
-from lightning_modules.errors import UserInputError, check_range
+from lightning_modules.shared.errors import UserInputError, check_range
 
 TEST_ID_OFFSET = 1_000_000
 

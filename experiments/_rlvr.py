@@ -3,7 +3,7 @@
 Task: reversed-digit addition ``a+b=`` -> digits of a+b least significant first, from
 `datamodules.verifiable_tasks` (a fixed, tier-stratified RL pool with stable prompt ids and a disjoint held-out
 test pool). Per seed: one supervised warm-up of the tiny GPT built from ``configs/grpo/sft_quick.yaml`` (a plain
-loop over `lightning_modules.sft.sft_loss`, AdamW; cached on disk under the temp dir keyed by seed, settings and
+loop over `lightning_modules.rlvr.sft.sft_loss`, AdamW; cached on disk under the temp dir keyed by seed, settings and
 the warm-up's code, shared by both experiments), then GRPO built from the paper's config
 (``configs/knapsack_rl/quick.yaml`` or ``configs/dars/quick.yaml``) through `experiments.kit.from_config`,
 overriding only the experiment's scale and the arm's allocator, and trained with `experiments.kit.quiet_trainer`.
@@ -22,13 +22,13 @@ import torch
 from lightning.pytorch import Callback
 
 import datamodules.verifiable_tasks as verifiable_tasks
-import lightning_modules.sft as sft_module
-import lightning_modules.tiny_gpt as tiny_gpt
+import lightning_modules.rlvr.sft as sft_module
+import lightning_modules.shared.tiny_gpt as tiny_gpt
 from datamodules.verifiable_tasks import collate_sft
 from experiments.kit import from_config, quiet_trainer
-from lightning_modules.grpo import pass_at_k
-from lightning_modules.rollout_allocation import KnapsackAllocator
-from lightning_modules.sft import sft_loss, success_rates
+from lightning_modules.rlvr.grpo import pass_at_k
+from lightning_modules.rlvr.rollout_allocation import KnapsackAllocator
+from lightning_modules.rlvr.sft import sft_loss, success_rates
 
 EVAL_SAMPLES = 32
 SFT_CONFIG = "configs/grpo/sft_quick.yaml"

@@ -3,7 +3,7 @@
 Paper: "CauSciBench: Can LLMs Automate Causal Inference in Real-World Scientific Research?" (ICML 2026, PMLR v306).
 Its finding: LLM agents are worse on real than on synthetic tasks, and choosing the method is the bottleneck
 (models default to simpler methods). No LLM is run here; the experiment checks the pipeline and that claim with
-four agents of `lightning_modules.causal_agent.CausalInferenceAgent`:
+four agents of `lightning_modules.causcibench.causal_agent.CausalInferenceAgent`:
 
 * ``oracle``: the reference method and variables (validates the generators, the causaldata queries and the
   estimators: near-zero error on synthetic queries is expected);

@@ -61,8 +61,8 @@ from lightning.pytorch import Callback
 from callbacks.ema import EMAWeights
 from datamodules.corrupted_images import CorruptedImageDataModule
 from experiments import kit
-from lightning_modules.coupled_diffusion import CoupledDiffusion
-from lightning_modules.denoisers import to_model_range
+from lightning_modules.coupled_diffusion.coupled_diffusion import CoupledDiffusion
+from lightning_modules.shared.denoisers import to_model_range
 
 PAPER = ("Joint Enhancement and Classification using Coupled Diffusion Models of Signals and Logits "
          "(arXiv 2602.15405)")

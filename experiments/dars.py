@@ -44,7 +44,7 @@ import numpy as np
 
 from experiments import _rlvr as rlvr
 from experiments.kit import experiment_parser, markdown_table, progress, quiet_single_thread, summarise, write_result
-from lightning_modules.rollout_allocation import UniformAllocator
+from lightning_modules.rlvr.rollout_allocation import UniformAllocator
 
 PAPER = ("Depth-Breadth Synergy in RLVR: Unlocking LLM Reasoning Gains with Adaptive Exploration "
          "(DARS, arXiv 2508.13755)")

@@ -1,7 +1,7 @@
 """EC-CEM vs CEM vs evi-CEM on correlated concepts (EC-CEM is a RECONSTRUCTION): ``python -m experiments ec_cem``.
 
 Paper: "Evidential Copula Concept Embedding Models" (ICML 2026; only the abstract is public, so the copula part of
-``lightning_modules/concept_models.py`` is reconstructed). Its argument: concepts are not independent, and a model
+``lightning_modules/ec_cem/concept_models.py`` is reconstructed). Its argument: concepts are not independent, and a model
 of their dependencies lets an intervention on one concept correct the ones it is correlated with.
 
 The protocol is ``configs/ec_cem/experiment.yaml``, run by `experiments.runner`: per seed (data, initialisation and

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from experiments import kit
-from lightning_modules.hide_zoom import best_iou, compact_image, merge_boxes, raw_attention_boxes, scale_boxes
+from lightning_modules.hide.hide_zoom import best_iou, compact_image, merge_boxes, raw_attention_boxes, scale_boxes
 
 TOY_CONFIG = "configs/hide/toy_mllm_quick.yaml"
 HIDE_CONFIG = "configs/hide/quick.yaml"

@@ -40,7 +40,7 @@ import numpy as np
 
 from experiments import _rlvr as rlvr
 from experiments.kit import experiment_parser, markdown_table, progress, quiet_single_thread, summarise, write_result
-from lightning_modules.rollout_allocation import UniformAllocator
+from lightning_modules.rlvr.rollout_allocation import UniformAllocator
 
 PAPER = "Knapsack RL: Unlocking Exploration of LLMs via Optimizing Budget Allocation (arXiv 2509.25849)"
 CONFIG = "configs/knapsack_rl/quick.yaml"

@@ -48,9 +48,9 @@ import torch
 from datamodules.genomics import motif_edge_mask, motif_hits
 from experiments.kit import (experiment_parser, from_config, markdown_table, progress, quiet_single_thread,
                              quiet_trainer, summarise, write_result)
-from lightning_modules.base import load_matching_weights
-from lightning_modules.bimamba2 import ssd_chunked, ssd_sequential
-from lightning_modules.ldarnet import LDARNetPretraining
+from lightning_modules.shared.base import load_matching_weights
+from lightning_modules.ldarnet.bimamba2 import ssd_chunked, ssd_sequential
+from lightning_modules.ldarnet.ldarnet import LDARNetPretraining
 
 PAPER = "ldarnet"
 TITLE = ("LDARNet: DNA Adaptive Representation Network with Learnable Tokenization for Genomic Modeling "

@@ -61,8 +61,8 @@ from datamodules.many_answer_tasks import ManyAnswerDataModule
 from datamodules.verifiable_tasks import ListDataset, PromptCollator
 from experiments.kit import (experiment_parser, from_config, markdown_table, progress, quiet_single_thread,
                              quiet_trainer, summarise, write_result)
-from lightning_modules.grpo import ExactMatchReward
-from lightning_modules.multi_answer_rl import MultiAnswerGRPO
+from lightning_modules.rlvr.grpo import ExactMatchReward
+from lightning_modules.multi_answer_rl.multi_answer_rl import MultiAnswerGRPO
 
 PAPER = "Reaching Beyond the Mode: RL for Distributional Reasoning in Language Models (arXiv 2603.24844)"
 SFT_CONFIG, RL_CONFIG = "configs/multi_answer_rl/sft_quick.yaml", "configs/multi_answer_rl/quick.yaml"

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lightning_modules.errors import UserInputError
+from lightning_modules.shared.errors import UserInputError
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHITECTURES = ROOT / "experiments" / "architectures"

@@ -47,7 +47,7 @@ import numpy as np
 from callbacks.layer_probing import LayerProbing
 from datamodules import espeak
 from experiments import kit
-from lightning_modules.errors import UserInputError
+from lightning_modules.shared.errors import UserInputError
 
 CONFIGS = {"pretrain": "configs/pclm/pretrain_quick.yaml", "sft": "configs/pclm/sft_quick.yaml",
            "pclm": "configs/pclm/quick.yaml", "dpo": "configs/pclm/dpo_quick.yaml"}

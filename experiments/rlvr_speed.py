@@ -6,7 +6,7 @@
 Generation: a randomly initialised transformers GPT-2 built in code (d 256, 4 layers, 4 heads, vocab 512: ~3.5M
 parameters, nothing downloaded), the same batch of prompts (``--prompts`` x ``--samples`` rollouts, prompt length
 16, left-padded), the same number of new tokens (EOS disabled, so every row generates all of them), temperature 1.0
-sampling. Arms: our sampler (`lightning_modules.rollouts.sample_completions`, one prefill per prompt + KV cache)
+sampling. Arms: our sampler (`lightning_modules.rlvr.rollouts.sample_completions`, one prefill per prompt + KV cache)
 on that GPT-2 through `HFCausalLM`; transformers ``generate(do_sample=True)`` on the same model (rollouts expanded
 before the call, as TRL does); our sampler on a `TinyGPT` of the same width/depth; and our sampler without the
 cache (recomputing the sequence each step). Timings are the minimum over ``--repeats`` runs after one warm-up.
@@ -22,10 +22,10 @@ Memory (``--memory``, Linux): peak resident memory of GRPO's log-prob + entropy 
 for one micro-batch of a large-vocabulary tiny model (TinyGPT, vocabulary ``--vocab`` 151,936 as Qwen2.5, d 64,
 1 layer, ``--micro`` 2 rows x ``--tokens`` 512 tokens, temperature 1.0), before (the direct fp32 ``log_softmax``
 and ``exp`` over the whole vocabulary, kept here as `full_vocabulary_logprobs`) and after
-(`lightning_modules.token_logprobs.completion_logprobs`: gather minus logsumexp, entropy in chunks, chunks recomputed in
-backward). Each arm runs in a fresh process; the figure is the peak RSS during the step minus the RSS before it
-(``ru_maxrss`` vs ``/proc/self/status``), with the entropy bonus off (GRPO's default: entropy without gradient) and
-on (DARS' ``entropy_coef``). Writes ``<out>/rlvr_memory.json``.
+(`lightning_modules.rlvr.token_logprobs.completion_logprobs`: gather minus logsumexp, entropy in chunks, chunks
+recomputed in backward). Each arm runs in a fresh process; the figure is the peak RSS during the step minus the RSS
+before it (``ru_maxrss`` vs ``/proc/self/status``), with the entropy bonus off (GRPO's default: entropy without
+gradient) and on (DARS' ``entropy_coef``). Writes ``<out>/rlvr_memory.json``.
 
     python -m experiments.rlvr_speed --memory
 """
@@ -39,9 +39,9 @@ import torch
 from lightning.pytorch import Callback
 
 from experiments.kit import experiment_parser, from_config, progress, quiet_trainer, summarise, write_result
-from lightning_modules.token_logprobs import completion_logprobs
-from lightning_modules.rollouts import TransformersGenerate, sample_completions
-from lightning_modules.tiny_gpt import HFCausalLM, TinyGPT
+from lightning_modules.rlvr.token_logprobs import completion_logprobs
+from lightning_modules.rlvr.rollouts import TransformersGenerate, sample_completions
+from lightning_modules.shared.tiny_gpt import HFCausalLM, TinyGPT
 
 GRPO_ARMS = {"grpo quick.yaml (8 prompts x 4 rollouts)": [],
              "grpo 32 prompts x 8 rollouts": ["--data.init_args.batch_size=32",

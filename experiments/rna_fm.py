@@ -20,7 +20,7 @@ weights), a fixed number of epochs with validation every ``--val-every`` epochs,
 validation Pearson kept (`experiments.kit.KeepBest`). The candidate with the best validation Pearson is the arm's
 model; only it is tested, once. Selection reads the validation split only, never the test split. The chosen
 learning rate and every candidate's validation r are recorded per seed. The top-k gene lists come from validation.
-Test metrics (`lightning_modules.expression_eval.expression_metrics`): per-gene Pearson r of the point prediction
+Test metrics (`lightning_modules.rna_fm.expression_eval.expression_metrics`): per-gene Pearson r of the point prediction
 (RNA-FM: mean of 19 samples) and of one sample, top-20/100 r on validation-chosen genes, RMSE (log units), BH-FDR
 significant genes, 90% rank-interval coverage from 19 samples, energy distance of the pooled samples to the test
 targets per gene, and the sample CRPS, all-gene and bimodal-gene. Regressors' samples are Gaussian around their

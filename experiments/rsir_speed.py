@@ -22,8 +22,8 @@ from lightning.pytorch import Callback
 
 from callbacks.rsir import generate_sequences
 from experiments.kit import experiment_parser, from_config, progress, quiet_trainer, summarise, write_result
-from lightning_modules.ranking_metrics import LeaveOneOutMetrics, leave_one_out_ranks
-from lightning_modules.sequential_rec import full_softmax_loss
+from lightning_modules.shared.ranking_metrics import LeaveOneOutMetrics, leave_one_out_ranks
+from lightning_modules.rsir.sequential_rec import full_softmax_loss
 
 CONFIG = "configs/rsir/quick.yaml"
 STEPS, EVAL_REPEATS = 400, 20

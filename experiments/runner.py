@@ -568,7 +568,7 @@ def check(name: str, result_path: Path) -> int:
     except ImportError as err:
         print(f"error: --check needs icml26.claims.check_paper, which cannot be imported ({err})", file=sys.stderr)
         return 2
-    from lightning_modules.errors import UserInputError
+    from lightning_modules.shared.errors import UserInputError
 
     try:
         outcome = check_paper(name, result_path)

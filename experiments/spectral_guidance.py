@@ -53,10 +53,10 @@ import torch
 
 from callbacks.ema import EMAWeights
 from experiments import kit
-from lightning_modules.denoisers import from_model_range
-from lightning_modules.diffusion_denoiser import DiffusionDenoiser, make_scheduler
-from lightning_modules.guided_sampling import DPSStyleGuide, SpectralGuide, guided_ddim_sample
-from lightning_modules.spectral_guidance import correlation_basis, whitening
+from lightning_modules.shared.denoisers import from_model_range
+from lightning_modules.spectral_guidance.diffusion_denoiser import DiffusionDenoiser, make_scheduler
+from lightning_modules.spectral_guidance.guided_sampling import DPSStyleGuide, SpectralGuide, guided_ddim_sample
+from lightning_modules.spectral_guidance.spectral_guidance import correlation_basis, whitening
 
 PAPER = "Spectral Guidance for Flexible and Efficient Control of Diffusion Models (arXiv 2605.28900)"
 EVAL_T = (20, 50, 100, 200, 300, 400, 500, 600, 700, 800, 900)
@@ -263,7 +263,7 @@ def run_digits(seed: int = 0, denoiser_steps: int = 1000, encoder_steps: int = 8
     from sklearn.linear_model import LogisticRegression
     from sklearn.svm import SVC
 
-    unet = {"class_path": "lightning_modules.denoisers.UNet",
+    unet = {"class_path": "lightning_modules.shared.denoisers.UNet",
             "init_args": {"in_channels": 1, "out_channels": 1, "base_channels": 16, "channel_mults": [1, 2],
                           "time_dim": 64}}
     start = time.perf_counter()

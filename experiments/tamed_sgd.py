@@ -71,7 +71,7 @@ from tqdm import tqdm
 from callbacks.sgd_taming import clipped_direction, dissipative_direction, tamed_direction
 from datamodules.stochastic_oracle import oracle_noise
 from experiments import kit
-from lightning_modules.tamed_sgd import get_objective, sample_objective, state_metrics
+from lightning_modules.tamed_sgd.tamed_sgd import get_objective, sample_objective, state_metrics
 
 BENCHMARK_CONFIG = "configs/tamed_sgd/paper.yaml"       # (b): the benchmark protocol, float64
 DIGITS_CONFIG = "configs/tamed_sgd/digits_quick.yaml"   # (c): the digits MLP with SGDTaming
@@ -282,7 +282,7 @@ def lightning_final_iterate(arm: str, seed: int, num_steps: int):
 
 def run_lightning_check(seeds=(0, 1, 2), num_steps: int = 1000,
                         arms=("tamed", "dissipative_r2", "plain_sgd"), progress=True):
-    for name in ("lightning.pytorch", "lightning.fabric", "lightning_modules.tamed_sgd"):
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning_modules.tamed_sgd.tamed_sgd"):
         logging.getLogger(name).setLevel(logging.ERROR)
     noise = stack_noise(seeds, num_steps)
     lrs = robbins_monro_lrs(num_steps)

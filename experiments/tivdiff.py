@@ -2,8 +2,8 @@
 
 Paper: "Towards Trustworthy and Identifiable Virtual Face Generation" (TIVDiff, ICML 2026; no arXiv id). The
 method here is the collection's reconstruction from the paper's title and abstract-level description (see
-``lightning_modules/tivdiff.py``, which lists every reconstructed piece); this script shows its two mechanisms on
-the embedded parametric faces, not the paper's face results (none are known).
+``lightning_modules/tivdiff/tivdiff.py``, which lists every reconstructed piece); this script shows its two mechanisms
+on the embedded parametric faces, not the paper's face results (none are known).
 
 Per seed (data, keys, weights and sampling noise all change with the seed):
 1. synthetic faces (``--identities`` x ``--images`` at 16x16; 25% of identities held out), stage 1: the identity
@@ -47,7 +47,7 @@ from callbacks.ema import EMAWeights
 from datamodules.face_renderer import gaussian_blur, synthetic_faces
 from datamodules.synthetic_faces import FaceDataModule, key_for_identities
 from experiments import kit
-from lightning_modules.tivdiff import MAX_KEY, TIVDiff, bit_accuracy, extract_message, message_bits
+from lightning_modules.tivdiff.tivdiff import MAX_KEY, TIVDiff, bit_accuracy, extract_message, message_bits
 
 ENCODER_CONFIG = "configs/tivdiff/encoder_quick.yaml"   # stage 1: the identity encoder
 GENERATOR_CONFIG = "configs/tivdiff/quick.yaml"         # stage 2: VIP + generator on the frozen encoder

@@ -47,7 +47,7 @@ import torch
 
 from callbacks.trew import TREWReweighting
 from experiments import kit
-from lightning_modules.trew import CMIAttack, mia_efficacy, neighbour_classes, predict_probabilities, total_variation
+from lightning_modules.trew.trew import CMIAttack, mia_efficacy, neighbour_classes, predict_probabilities, total_variation
 
 CLASSIFIER_CONFIG = "configs/trew/classifier_quick.yaml"   # stage 1: the original
 RETRAIN_CONFIG = "configs/trew/retrain_quick.yaml"         # the same without the forget class: R, R2, A, S
@@ -304,8 +304,8 @@ def similarity_diagnostic(original, evaluator: Evaluator, forget_class: int) -> 
     """
     from scipy.stats import spearmanr
 
-    from lightning_modules.classifier import final_linear
-    from lightning_modules.trew import class_similarity
+    from lightning_modules.shared.classifier import final_linear
+    from lightning_modules.trew.trew import class_similarity
 
     similarity = class_similarity(final_linear(original.net).weight.detach(), forget_class, temperature=1.0)
     reference_mean = evaluator.reference["test_forget"][0].mean(0)

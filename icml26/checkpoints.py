@@ -17,8 +17,8 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from icml26.parse_errors import class_of
 from icml26.run_config import flatten
-from lightning_modules.base import read_checkpoint
-from lightning_modules.errors import UserInputError
+from lightning_modules.shared.base import read_checkpoint
+from lightning_modules.shared.errors import UserInputError
 
 log = logging.getLogger("train")
 NAMED_CHECKPOINTS = ("last", "best", "hpc", "registry")  # resolved by Lightning itself when the run starts

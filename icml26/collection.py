@@ -28,11 +28,12 @@ def import_collection() -> list[str]:
     jsonargparse resolves a short class name (``--model ImageClassifier``, ``class_path: KnapsackAllocator``)
     among the subclasses that are already imported, and the package ``__init__`` files import nothing (so that
     loading one datamodule does not load every model), so the CLI imports the modules here. A new paper's file
-    is picked up without being listed.
+    is picked up without being listed (``lightning_modules`` has one subpackage per paper).
     """
     packages = [importlib.import_module(name) for name in COLLECTION_PACKAGE_NAMES]
-    names = sorted(f"{package.__name__}.{info.name}" for package in packages
-                   for info in pkgutil.iter_modules(package.__path__))
+    names = sorted(info.name for package in packages
+                   for info in pkgutil.walk_packages(package.__path__, prefix=f"{package.__name__}.")
+                   if not info.ispkg)
     for name in names:
         importlib.import_module(name)
     return names

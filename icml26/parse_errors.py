@@ -13,7 +13,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from omegaconf.errors import OmegaConfBaseException
 
 from icml26.collection import COLLECTION_PACKAGE_NAMES, is_config_option
-from lightning_modules.errors import UserInputError, one_line
+from lightning_modules.shared.errors import UserInputError, one_line
 
 
 def class_of(class_path: str) -> type | str:

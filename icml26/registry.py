@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from lightning_modules.errors import UserInputError, one_line
+from lightning_modules.shared.errors import UserInputError, one_line
 
 ROOT = Path(__file__).resolve().parents[1]
 CARD_FILE = "card.yaml"
@@ -134,7 +134,7 @@ def load_card(path: Path, root: Path | None = None) -> dict:
         for value in _check_list(path, field, card[field]):
             if not isinstance(value, str) or not DOTTED_CLASS.match(value):
                 raise _fail(path, field, f"{value!r} is not a dotted class path",
-                            "write package.module.Class, e.g. lightning_modules.grpo.GRPO")
+                            "write package.module.Class, e.g. lightning_modules.rlvr.grpo.GRPO")
             module_file = value.rsplit(".", 1)[0].replace(".", "/") + ".py"
             if not (root / module_file).is_file():
                 raise _fail(path, field, f"{value}: no module file {module_file}", "fix the module part of the path")

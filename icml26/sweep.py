@@ -25,7 +25,7 @@ from pathlib import Path
 import yaml
 
 from icml26.collection import INSTALL_ROOT, resolve_config_paths
-from lightning_modules.errors import UserInputError
+from lightning_modules.shared.errors import UserInputError
 
 AGENT_TOKENS = ("${env}", "${interpreter}", "${program}")
 

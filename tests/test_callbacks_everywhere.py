@@ -143,7 +143,7 @@ class GradientRecorder(Callback):
 
     def on_train_start(self, trainer, pl_module):
         from callbacks.sgd_taming import SGDTaming
-        from lightning_modules.errors import UserInputError
+        from lightning_modules.shared.errors import UserInputError
 
         if self.require_plain_sgd:
             for optimizer in trainer.optimizers:

@@ -12,9 +12,9 @@ from torch.utils.data import DataLoader
 
 from datamodules import causal_queries as cq
 from experiments import kit
-from lightning_modules import causal_estimators as ce
-from lightning_modules.causal_agent import CausalInferenceAgent, parse_method, relative_error, rule_based_method
-from lightning_modules.errors import UserInputError
+from lightning_modules.causcibench import causal_estimators as ce
+from lightning_modules.causcibench.causal_agent import CausalInferenceAgent, parse_method, relative_error, rule_based_method
+from lightning_modules.shared.errors import UserInputError
 
 
 # --------------------------------------------------------------------------------------------- labels

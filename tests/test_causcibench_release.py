@@ -15,9 +15,9 @@ import pandas as pd
 import pytest
 
 from datamodules import causal_queries as cq
-from lightning_modules import causal_estimators as ce
-from lightning_modules.causal_agent import CausalInferenceAgent
-from lightning_modules.errors import UserInputError
+from lightning_modules.causcibench import causal_estimators as ce
+from lightning_modules.causcibench.causal_agent import CausalInferenceAgent
+from lightning_modules.shared.errors import UserInputError
 
 NAN = float("nan")
 

@@ -9,7 +9,7 @@ import pytest
 
 from icml26 import claims, registry
 from icml26.claims import HELD, NO_SEEDS, NOISE, NOT_HELD, evaluate_check, paired_interval, paired_verdict
-from lightning_modules.errors import UserInputError
+from lightning_modules.shared.errors import UserInputError
 
 # the Student t 0.975 quantiles in closed form (tables: 4.303 and 12.706): with 2 degrees of freedom
 # t = (2p - 1) / sqrt(2 p (1 - p)); with 1 (the Cauchy) t = tan(pi (p - 1/2))

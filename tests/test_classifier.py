@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_modules.classifier import ImageClassifier, build_backbone, final_linear
-from lightning_modules.errors import UserInputError
+from lightning_modules.shared.classifier import ImageClassifier, build_backbone, final_linear
+from lightning_modules.shared.errors import UserInputError
 
 
 @pytest.mark.parametrize("backbone, channels, size, kwargs", [

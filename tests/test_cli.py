@@ -11,7 +11,7 @@ import torch
 from lightning.pytorch.callbacks import ProgressBar
 
 from conftest import REPO, ParseOnlyCLI, config_path, run_cli
-from lightning_modules.errors import UserInputError
+from lightning_modules.shared.errors import UserInputError
 
 QUICK = config_path("configs/trew/classifier_quick.yaml")
 
@@ -42,7 +42,8 @@ def test_config_is_saved_into_each_wandb_run_and_a_second_run_does_not_crash(tmp
     for run_dir in run_dirs:
         # not config.yaml: W&B writes its own record of the run config under that name in the same folder
         saved = open(os.path.join(run_dir, "run_config.yaml")).read()
-        assert "class_path: lightning_modules.classifier.ImageClassifier" in saved and "seed_everything: 42" in saved
+        assert "class_path: lightning_modules.shared.classifier.ImageClassifier" in saved
+        assert "seed_everything: 42" in saved
 
 
 def test_csv_runs_get_their_own_config(tmp_path):

@@ -15,9 +15,9 @@ from scipy.stats import multivariate_normal, norm
 from callbacks.concept_interventions import ConceptInterventions, check_groups, unit_order
 from conftest import config_path, run_cli
 from datamodules.concepts import ConceptDataModule, cub_concept_groups, synthetic_data
-from lightning_modules.concept_models import (CEM, ECCEM, EviCEM, GaussianCopula, bivariate_normal_cdf,
+from lightning_modules.ec_cem.concept_models import (CEM, ECCEM, EviCEM, GaussianCopula, bivariate_normal_cdf,
                                               conditional_concept_probs, normal_icdf, pairwise_log_likelihood)
-from lightning_modules.errors import UserInputError
+from lightning_modules.shared.errors import UserInputError
 
 QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 

@@ -70,7 +70,7 @@ def test_the_version_comes_from_setup_cfg_and_is_printed(capsys):
 
 
 def test_explain_run_error_names_the_program_that_was_run():
-    from lightning_modules.errors import UserInputError
+    from lightning_modules.shared.errors import UserInputError
 
     err = UserInputError("init_from checkpoint 'runs/x/last.ckpt' does not exist")
     argv = ["fit", "--config", str(REPO / "configs/ldarnet/quick.yaml")]

@@ -15,10 +15,10 @@ from datamodules.corrupted_images import (CorruptedImageDataModule, corrupt, gau
                                           gaussian_noise, imagenet32_subset_classes, load_imagenet32,
                                           pixel_replacement)
 from datamodules.images import ImageClassificationDataModule
-from lightning_modules.classifier import ImageClassifier
-from lightning_modules.coupled_diffusion import (LOGIT_EPS, LOGIT_SCALE, CoupledDiffusion, logit_statistics,
-                                                 standardize_logits)
-from lightning_modules.errors import UserInputError
+from lightning_modules.shared.classifier import ImageClassifier
+from lightning_modules.coupled_diffusion.coupled_diffusion import (LOGIT_EPS, LOGIT_SCALE, CoupledDiffusion,
+                                                                   logit_statistics, standardize_logits)
+from lightning_modules.shared.errors import UserInputError
 
 TINY = dict(num_train_timesteps=20, sampling_steps=5, condition_sampling_steps=5, signal_hidden_dim=16,
             signal_depth=1, logit_hidden_dim=16, logit_depth=1, feature_dim=4, feature_hidden_dim=8, time_dim=8,

@@ -38,7 +38,7 @@ QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--tra
 # Classes that are never built on their own, by design (a class name, so moving its file needs no change here).
 EXEMPT = {
     # abstract bases: only their subclasses are instantiated (each of those must be covered)
-    "PaperModule": "base class of every paper module (lightning_modules/base.py)",
+    "PaperModule": "base class of every paper module (lightning_modules/shared/base.py)",
     "SlideExpressionModule": "shared evaluation base of RNAFM and the two expression regressors",
     "ExpressionRegressor": "shared base of HE2RNARegressor and TRNAsformerRegressor",
     "RewardFunction": "interface of verifiable rewards (ExactMatchReward, MultiAnswerReward)",
@@ -74,10 +74,10 @@ def collection_classes() -> tuple[type, ...]:
     """Every public class defined in a .py file of the three packages (each file imported)."""
     found = []
     for package in PACKAGES:
-        for path in sorted((REPO / package).glob("*.py")):
+        for path in sorted((REPO / package).rglob("*.py")):
             if path.name == "__init__.py":
                 continue
-            module = importlib.import_module(f"{package}.{path.stem}")
+            module = importlib.import_module(".".join(path.relative_to(REPO).with_suffix("").parts))
             found += [obj for name, obj in vars(module).items() if inspect.isclass(obj)
                       and obj.__module__ == module.__name__ and not name.startswith("_")]
     return tuple(found)
@@ -162,7 +162,8 @@ def built_by(config: str, extra: tuple[str, ...] = ()) -> frozenset[type]:
 
 def test_every_collection_class_is_built_by_a_quick_config(prerequisite_args):
     required = required_classes()
-    assert {"lightning_modules.sequential_rec.GRU4Rec", "lightning_modules.tiny_gpt.HFCausalLM"} <= set(required)
+    assert {"lightning_modules.rsir.sequential_rec.GRU4Rec",
+            "lightning_modules.shared.tiny_gpt.HFCausalLM"} <= set(required)
     covered = set().union(*(built_by(config, tuple(prerequisite_args(config))) for config in QUICK_CONFIGS))
     missing = sorted(name for name, cls in required.items() if cls not in covered and cls.__name__ not in EXEMPT)
     assert not missing, ("classes no configs/*/*quick.yaml builds, so the config harness never runs them; add a "
@@ -210,9 +211,9 @@ def test_every_training_config_is_run_by_the_harness():
 @pytest.mark.parametrize("config", ["configs/rsir/gru4rec_quick.yaml", "configs/grpo/hf_quick.yaml",
                                     "configs/spectral_guidance/digits_quick.yaml"])
 def test_the_configs_added_for_coverage_build_what_they_are_for(config):
-    from lightning_modules.sequential_rec import GRU4Rec
-    from lightning_modules.spectral_guidance import TimeConditionedConvEncoder
-    from lightning_modules.tiny_gpt import HFCausalLM
+    from lightning_modules.rsir.sequential_rec import GRU4Rec
+    from lightning_modules.spectral_guidance.spectral_guidance import TimeConditionedConvEncoder
+    from lightning_modules.shared.tiny_gpt import HFCausalLM
 
     wanted = {"rsir": GRU4Rec, "grpo": HFCausalLM, "spectral_guidance": TimeConditionedConvEncoder}
     assert wanted[config.split("/")[1]] in built_by(config)

@@ -14,9 +14,9 @@ from datamodules.sequences import SequentialRecDataModule
 from datamodules.slide_expression import SlideExpressionDataModule
 from datamodules.synthetic_faces import FaceDataModule
 from datamodules.verifiable_tasks import VerifiableTaskDataModule
-from lightning_modules import data_contract as contract
-from lightning_modules.base import PaperModule
-from lightning_modules.errors import UserInputError
+from lightning_modules.shared import data_contract as contract
+from lightning_modules.shared.base import PaperModule
+from lightning_modules.shared.errors import UserInputError
 
 # (datamodule, init args, the contracts it must satisfy once set up)
 FAMILIES = [
@@ -72,7 +72,7 @@ def test_helpers_read_only_declared_members_and_raise_the_given_message_on_misma
 
 
 def test_a_module_of_one_family_refuses_data_of_another_with_the_existing_message():
-    from lightning_modules.nt_ssm import GraphCollaborativeFiltering
+    from lightning_modules.nt_ssm.nt_ssm import GraphCollaborativeFiltering
 
     model = GraphCollaborativeFiltering(embedding_dim=8, num_layers=1)
     model._trainer = types.SimpleNamespace(datamodule=ImageClassificationDataModule(), ckpt_path=None)

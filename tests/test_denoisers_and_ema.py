@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from callbacks.ema import EMAWeights, load_ema_weights
-from lightning_modules.denoisers import MLPDenoiser, UNet, from_model_range, sinusoidal_embedding, to_model_range
-from lightning_modules.errors import UserInputError
+from lightning_modules.shared.denoisers import MLPDenoiser, UNet, from_model_range, sinusoidal_embedding, to_model_range
+from lightning_modules.shared.errors import UserInputError
 
 
 def test_sinusoidal_embedding_values():

@@ -250,7 +250,7 @@ def test_rng_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
 
     import numpy as np
 
-    from lightning_modules.base import collect_rng_states, restore_rng_states
+    from lightning_modules.shared.base import collect_rng_states, restore_rng_states
 
     torch.save({"rng": collect_rng_states()}, tmp_path / "rng.pt")
     expected = (torch.rand(3), np.random.rand(3), random.random())
@@ -265,7 +265,7 @@ def test_setup_gives_metric_states_memory_of_their_own_process():
     validation accumulated into one confusion matrix that was then all-reduced again (val/mcc 0.0085 vs 0.0120)."""
     from torchmetrics.classification import MulticlassMatthewsCorrCoef
 
-    from lightning_modules.base import PaperModule
+    from lightning_modules.shared.base import PaperModule
 
     class WithMetric(PaperModule):
         def __init__(self):

@@ -11,10 +11,11 @@ import torch
 from conftest import config_path, run_cli
 from datamodules.emotion_corpus import (SHAVER_BASIC, SHAVER_SUBORDINATE, EmotionCollator, EmotionCorpusDataModule,
                                         read_scenarios, shaver_words)
-from lightning_modules.emotion_probe import (EmotionProbe, EmotionTreeMetric, RecognitionMetric, cooccurrence,
-                                             edge_recovery, emotion_distribution, group_purity, parent_edges,
-                                             recognition_summary, tree_metrics)
-from lightning_modules.errors import UserInputError
+from lightning_modules.emotion_hierarchy.emotion_probe import (EmotionProbe, EmotionTreeMetric, RecognitionMetric,
+                                                               cooccurrence, edge_recovery, emotion_distribution,
+                                                               group_purity, parent_edges, recognition_summary,
+                                                               tree_metrics)
+from lightning_modules.shared.errors import UserInputError
 
 QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 
@@ -224,7 +225,7 @@ def test_lm_training_then_probe_through_the_cli(tmp_path):
 
 
 def test_probe_over_a_transformers_architecture_reads_the_same_words():
-    from lightning_modules.tiny_gpt import HFCausalLM
+    from lightning_modules.shared.tiny_gpt import HFCausalLM
 
     dm = EmotionCorpusDataModule(num_train=8, num_val=8, num_test=32)
     dm.setup("test")

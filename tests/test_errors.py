@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from conftest import REPO, config_path, run_cli
-from lightning_modules.base import read_checkpoint
-from lightning_modules.classifier import ImageClassifier
-from lightning_modules.errors import UserInputError
+from lightning_modules.shared.base import read_checkpoint
+from lightning_modules.shared.classifier import ImageClassifier
+from lightning_modules.shared.errors import UserInputError
 
 QUICK = config_path("configs/trew/classifier_quick.yaml")
 UNLEARN = config_path("configs/trew/quick.yaml")
@@ -211,7 +211,7 @@ def test_missing_prerequisite_checkpoint_names_the_config_that_writes_it(tmp_pat
 
 
 def test_policy_vocabulary_must_fit_the_tokenizer():
-    from lightning_modules.tiny_gpt import TinyGPT, check_policy_vocabulary
+    from lightning_modules.shared.tiny_gpt import TinyGPT, check_policy_vocabulary
 
     check_policy_vocabulary(TinyGPT(vocab_size=15), 15)
     with pytest.raises(UserInputError, match="cannot decode; set --model.init_args.policy.init_args.vocab_size=15"):

@@ -18,7 +18,7 @@ import pytest
 from conftest import config_path, run_cli
 from datamodules import espeak, paralinguistic_speech
 from datamodules.paralinguistic_speech import synthesise
-from lightning_modules.errors import UserInputError
+from lightning_modules.shared.errors import UserInputError
 
 SENTENCE = "the train leaves the station at noon"
 

@@ -30,8 +30,8 @@ from lightning.pytorch import Callback, LightningDataModule, Trainer
 from torch.utils.data import DataLoader
 
 from datamodules.verifiable_tasks import CharTokenizer, collate_prompts, collate_sft
-from lightning_modules import rollouts
-from lightning_modules.rollouts import rollout_keys, sample_completions
+from lightning_modules.rlvr import rollouts
+from lightning_modules.rlvr.rollouts import rollout_keys, sample_completions
 
 TOKENIZER = CharTokenizer()
 TIMEOUT_S = 300
@@ -121,7 +121,7 @@ def test_keyed_sampling_does_not_depend_on_the_batch_split():
     """Rollouts keyed by (seed, prompt id, rollout index) are the same whether prompts are sampled together or
     apart (what makes a data-parallel run sample what one process samples), and differ between keys."""
     torch.manual_seed(0)
-    from lightning_modules.tiny_gpt import TinyGPT
+    from lightning_modules.shared.tiny_gpt import TinyGPT
 
     policy = TinyGPT(vocab_size=TOKENIZER.vocab_size, n_layer=1, d_model=16, n_head=2, context_length=24).eval()
     batch = _prompts(4)
@@ -194,9 +194,9 @@ class FixedBatches(LightningDataModule):
 def build(kind: str):
     torch.manual_seed(0)
     if kind == "grpo":
-        from lightning_modules.grpo import GRPO
-        from lightning_modules.rollout_allocation import DARSAllocator
-        from lightning_modules.tiny_gpt import HFCausalLM
+        from lightning_modules.rlvr.grpo import GRPO
+        from lightning_modules.rlvr.rollout_allocation import DARSAllocator
+        from lightning_modules.shared.tiny_gpt import HFCausalLM
 
         model = GRPO(HFCausalLM(config=HF_CONFIG), reward=LengthReward(),
                      rollout_allocator=DARSAllocator("hardness_weighted", max_rollouts=6), rollouts_per_prompt=3,
@@ -205,14 +205,14 @@ def build(kind: str):
                      optimizer=functools.partial(torch.optim.Adam, lr=0.01))
         model.set_tokenizer(TOKENIZER)
     elif kind == "sft":
-        from lightning_modules.sft import SupervisedWarmup
-        from lightning_modules.tiny_gpt import TinyGPT
+        from lightning_modules.rlvr.sft import SupervisedWarmup
+        from lightning_modules.shared.tiny_gpt import TinyGPT
 
         model = SupervisedWarmup(TinyGPT(vocab_size=TOKENIZER.vocab_size, n_layer=2, d_model=32, n_head=2,
                                          context_length=24), optimizer=functools.partial(torch.optim.SGD, lr=0.5))
     else:
-        from lightning_modules.audio_dpo import AudioDPO
-        from lightning_modules.audio_language_model import SpeechEncoder, TinyAudioLM
+        from lightning_modules.pclm.audio_dpo import AudioDPO
+        from lightning_modules.pclm.audio_language_model import SpeechEncoder, TinyAudioLM
 
         model = AudioDPO(SpeechEncoder(num_layers=2, width=32, num_heads=2, n_mels=40, hop_length=320),
                          TinyAudioLM(vocab_size=64, num_layers=2, width=32, num_heads=2, context_length=64),

@@ -10,13 +10,13 @@ import torch
 from lightning.pytorch import Trainer
 
 from datamodules.verifiable_tasks import CharTokenizer, VerifiableTaskDataModule, collate_prompts
-from lightning_modules.errors import UserInputError
-from lightning_modules.grpo import (GRPO, ExactMatchReward, RolloutAllocator, group_advantages, group_statistics,
+from lightning_modules.shared.errors import UserInputError
+from lightning_modules.rlvr.grpo import (GRPO, ExactMatchReward, RolloutAllocator, group_advantages, group_statistics,
                                     pass_at_k, policy_loss)
-from lightning_modules.rollout_allocation import DARSAllocator, KnapsackAllocator
-from lightning_modules.rollouts import sample_completions
-from lightning_modules.sft import SupervisedWarmup, success_rates
-from lightning_modules.tiny_gpt import TinyGPT
+from lightning_modules.rlvr.rollout_allocation import DARSAllocator, KnapsackAllocator
+from lightning_modules.rlvr.rollouts import sample_completions
+from lightning_modules.rlvr.sft import SupervisedWarmup, success_rates
+from lightning_modules.shared.tiny_gpt import TinyGPT
 
 QUIET = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
              num_sanity_val_steps=0, accelerator="cpu", devices=1)
@@ -340,7 +340,7 @@ def test_sft_loss_decreases_and_success_rates():
     dm = small_datamodule(train_split="sft")
     sft = SupervisedWarmup(small_gpt(), optimizer=lambda p: torch.optim.AdamW(p, lr=3e-3))
     trainer = Trainer(max_steps=60, limit_val_batches=0, log_every_n_steps=1, **QUIET)
-    from lightning_modules.sft import sft_loss
+    from lightning_modules.rlvr.sft import sft_loss
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     before = sft_loss(sft.policy, batch["input_tokens"], batch["loss_mask"]).item()
@@ -373,7 +373,7 @@ def tiny_hf_folder(path):
 
 
 def test_hf_causal_lm_policy_end_to_end(tmp_path):
-    from lightning_modules.tiny_gpt import HFCausalLM
+    from lightning_modules.shared.tiny_gpt import HFCausalLM
 
     folder = tiny_hf_folder(tmp_path / "tiny_gpt2")
     rows = [{"id": 10 + i, "question": f"{i}+{i}=", "answer": str(2 * i)} for i in range(8)]
@@ -400,7 +400,7 @@ def test_hf_causal_lm_policy_end_to_end(tmp_path):
 
 
 def test_hf_causal_lm_from_a_transformers_config_reads_no_file():
-    from lightning_modules.tiny_gpt import HFCausalLM
+    from lightning_modules.shared.tiny_gpt import HFCausalLM
 
     settings = {"model_type": "gpt2", "vocab_size": 15, "n_positions": 16, "n_embd": 8, "n_layer": 1, "n_head": 2}
     torch.manual_seed(0)
@@ -476,7 +476,7 @@ class RecordingDARS(DARSAllocator):
 
 
 def test_multi_rlcr_reward_above_half_without_a_correct_answer_is_not_correct():
-    from lightning_modules.multi_answer_rl import MultiAnswerReward
+    from lightning_modules.multi_answer_rl.multi_answer_rl import MultiAnswerReward
 
     reward = MultiAnswerReward(mode="rlcr", num_candidates=3)
     rewards, correct, _ = reward.evaluate(["5@1;7@1;9@1", "6@5;5@1;7@1"], [["2", "3", "4", "6"]] * 2)
@@ -531,7 +531,7 @@ def _full_log_softmax_logprobs(policy, sequences, mask, prompt_length, temperatu
 
 @pytest.mark.parametrize("chunk_elements", [10**9, 7 * 53, 1])  # one chunk, a few positions, one position each
 def test_chunked_logprobs_and_entropy_equal_the_full_log_softmax_with_gradients(chunk_elements):
-    from lightning_modules.token_logprobs import completion_logprobs
+    from lightning_modules.rlvr.token_logprobs import completion_logprobs
 
     policy = small_gpt(vocab_size=53)
     sequences = torch.randint(3, 53, (3, 14), generator=torch.Generator().manual_seed(0))

@@ -26,9 +26,9 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader
 
 from datamodules.verifiable_tasks import CharTokenizer, collate_prompts
-from lightning_modules.grpo import GRPO, RewardFunction
-from lightning_modules.rollout_allocation import DARSAllocator
-from lightning_modules.tiny_gpt import TinyGPT
+from lightning_modules.rlvr.grpo import GRPO, RewardFunction
+from lightning_modules.rlvr.rollout_allocation import DARSAllocator
+from lightning_modules.shared.tiny_gpt import TinyGPT
 
 TOKENIZER = CharTokenizer()
 # Stage-1 rewards per prompt id (4 rollouts each); stage 2 (DARS, prompts with accuracy < 0.5, +4 rollouts up to

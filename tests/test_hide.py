@@ -14,12 +14,12 @@ from PIL import Image
 
 from datamodules.high_resolution_vqa import (HighResolutionVQADataModule, generate_example, load_hr_bench,
                                              load_vstar, parse_options)
-from lightning_modules.errors import UserInputError
-from lightning_modules.hide import CategoryAccuracy, HiDe, QwenVLBackbone, parse_entities, parse_letter
-from lightning_modules.hide_zoom import (best_iou, box_iou, boxes_from_map, compact_image, merge_boxes,
+from lightning_modules.shared.errors import UserInputError
+from lightning_modules.hide.hide import CategoryAccuracy, HiDe, QwenVLBackbone, parse_entities, parse_letter
+from lightning_modules.hide.hide_zoom import (best_iou, box_iou, boxes_from_map, compact_image, merge_boxes,
                                          minmax_normalise, noise_prior, purified_map, raw_attention_boxes,
                                          scale_boxes, smooth, tad_boxes)
-from lightning_modules.toy_mllm import ToyMLLMBackbone
+from lightning_modules.hide.toy_mllm import ToyMLLMBackbone
 
 
 # ============================================================================================ planted maps

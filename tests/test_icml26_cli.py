@@ -14,7 +14,7 @@ from conftest import REPO, ParseOnlyCLI, run_cli
 from icml26 import checkpoints, commands
 from icml26.parse_errors import did_you_mean, explain_parse_error, explain_run_error
 from icml26.run_config import flatten
-from lightning_modules.errors import UserInputError
+from lightning_modules.shared.errors import UserInputError
 
 QUICK = "configs/tamed_sgd/quick.yaml"
 QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]

@@ -16,7 +16,7 @@ from lightning.pytorch import LightningModule, Trainer
 from datamodules.images import ImageClassificationDataModule, random_crop_flip
 from datamodules.readers import stratified_split
 from datamodules.sampling import EpochShuffleSampler
-from lightning_modules.errors import UserInputError
+from lightning_modules.shared.errors import UserInputError
 
 torch.set_num_threads(1)
 

@@ -11,8 +11,8 @@ from PIL import Image
 
 from datamodules.geo_localization import (GeoLocalizationDataModule, UniqueLocationBatchSampler, folder_layout,
                                           synthetic_split)
-from lightning_modules.errors import UserInputError
-from lightning_modules.infogeo import (GeoRetrieval, InfoGeo, gate_loss, procrustes_distance, retrieval_metrics,
+from lightning_modules.shared.errors import UserInputError
+from lightning_modules.infogeo.infogeo import (GeoRetrieval, InfoGeo, gate_loss, procrustes_distance, retrieval_metrics,
                                        structural_loss, top_right_singular_vectors)
 
 TINY = dict(image_size=32, freeze_encoder=False, num_slots=6, slot_dim=16, decoder_dim=16, agg_channels=16,

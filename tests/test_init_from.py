@@ -24,8 +24,8 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_modules.base import PaperModule
-from lightning_modules.errors import UserInputError
+from lightning_modules.shared.base import PaperModule
+from lightning_modules.shared.errors import UserInputError
 
 QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 STAGES = ("validate", "test", "predict")

@@ -22,8 +22,9 @@ PACKAGES = ("lightning_modules", "datamodules", "callbacks")
 PROJECT = {*PACKAGES, "train", "experiments", "icml26", "tests"}
 # the only model modules a datamodule may import: the shared error type and the pure answer-checking helpers
 # (the RLVR verifier and the multi-answer format, which the SFT targets of many_answer_tasks are written in)
-DATAMODULE_ALLOWED = {"lightning_modules.errors", "lightning_modules.answers", "lightning_modules.causal_methods",
-                      "lightning_modules.multi_answer_protocol"}
+DATAMODULE_ALLOWED = {"lightning_modules.shared.errors", "lightning_modules.rlvr.answers",
+                      "lightning_modules.causcibench.causal_methods",
+                      "lightning_modules.multi_answer_rl.multi_answer_protocol"}
 FORBIDDEN = {
     "lightning_modules": {"datamodules", "callbacks", "experiments", "icml26", "train", "tests"},
     "datamodules": {"lightning_modules", "callbacks", "experiments", "icml26", "train", "tests"},
@@ -46,7 +47,8 @@ def imported_modules(source: str, module: str) -> list[tuple[int, str]]:
                 name = ".".join(part for part in (base, node.module) if part)
             else:
                 name = node.module
-            if name in PROJECT:  # `from lightning_modules import errors` imports the submodule
+            if name.split(".")[0] in PROJECT and (ROOT / name.replace(".", "/")).is_dir():
+                # `from lightning_modules.shared import errors` imports the submodule
                 found += [(node.lineno, f"{name}.{alias.name}") for alias in node.names]
             else:
                 found.append((node.lineno, name))
@@ -71,21 +73,22 @@ def violations(source: str, module: str) -> list[str]:
 
 
 def collection_files() -> list[tuple[str, Path]]:
-    return [(f"{package}.{path.stem}", path) for package in PACKAGES
-            for path in sorted((ROOT / package).glob("*.py"))]
+    return [(".".join(path.relative_to(ROOT).with_suffix("").parts), path) for package in PACKAGES
+            for path in sorted((ROOT / package).rglob("*.py"))]
 
 
 # --------------------------------------------------------------------------------------------- the checker
 @pytest.mark.parametrize("module, source", [
-    ("lightning_modules.grpo", "from datamodules.verifiable_tasks import answers_match"),
-    ("lightning_modules.grpo", "import callbacks.rollout_allocation"),
-    ("lightning_modules.grpo", "def f():\n    from experiments.kit import quiet_trainer"),
-    ("lightning_modules.grpo", "class A:\n    def f(self):\n        import train"),
-    ("lightning_modules.grpo", "from ..datamodules import images"),
-    ("lightning_modules.grpo", "import importlib\nimportlib.import_module('datamodules.images')"),
-    ("datamodules.interaction_graph", "from lightning_modules.nt_ssm import normalized_adjacency"),
-    ("datamodules.many_answer_tasks", "def f():\n    from lightning_modules.multi_answer_rl import format_completion"),
-    ("datamodules.images", "from lightning_modules import classifier"),
+    ("lightning_modules.rlvr.grpo", "from datamodules.verifiable_tasks import answers_match"),
+    ("lightning_modules.rlvr.grpo", "import callbacks.rollout_allocation"),
+    ("lightning_modules.rlvr.grpo", "def f():\n    from experiments.kit import quiet_trainer"),
+    ("lightning_modules.rlvr.grpo", "class A:\n    def f(self):\n        import train"),
+    ("lightning_modules.rlvr.grpo", "from ...datamodules import images"),
+    ("lightning_modules.rlvr.grpo", "import importlib\nimportlib.import_module('datamodules.images')"),
+    ("datamodules.interaction_graph", "from lightning_modules.nt_ssm.nt_ssm import normalized_adjacency"),
+    ("datamodules.many_answer_tasks",
+     "def f():\n    from lightning_modules.multi_answer_rl.multi_answer_rl import format_completion"),
+    ("datamodules.images", "from lightning_modules.shared import classifier"),
     ("datamodules.images", "import lightning_modules"),
     ("datamodules.images", "from callbacks.ema import EMAWeights"),
     ("callbacks.ema", "from experiments import kit"),
@@ -96,12 +99,15 @@ def test_checker_flags_a_crossing_import(module, source):
 
 
 @pytest.mark.parametrize("module, source", [
-    ("lightning_modules.grpo", "from lightning_modules.rollout_allocation import RolloutAllocator\nimport torch"),
-    ("lightning_modules.grpo", "from . import errors\nfrom .answers import answers_match"),
-    ("datamodules.images", "from lightning_modules.errors import UserInputError\nfrom datamodules.readers import x"),
-    ("datamodules.verifiable_tasks", "from lightning_modules import answers"),
-    ("datamodules.many_answer_tasks", "from lightning_modules.multi_answer_protocol import format_completion"),
-    ("callbacks.trew", "from lightning_modules.trew import class_similarity\nfrom datamodules.sequences import w"),
+    ("lightning_modules.rlvr.grpo",
+     "from lightning_modules.rlvr.rollout_allocation import RolloutAllocator\nimport torch"),
+    ("lightning_modules.rlvr.grpo", "from . import errors\nfrom .answers import answers_match"),
+    ("datamodules.images",
+     "from lightning_modules.shared.errors import UserInputError\nfrom datamodules.readers import x"),
+    ("datamodules.verifiable_tasks", "from lightning_modules.rlvr import answers"),
+    ("datamodules.many_answer_tasks",
+     "from lightning_modules.multi_answer_rl.multi_answer_protocol import format_completion"),
+    ("callbacks.trew", "from lightning_modules.trew.trew import class_similarity\nfrom datamodules.sequences import w"),
 ])
 def test_checker_accepts_imports_within_the_rule(module, source):
     assert violations(source, module) == []
@@ -123,10 +129,11 @@ def test_the_model_modules_datamodules_may_import_are_pure():
 
 
 def test_package_inits_import_nothing_from_the_collection():
-    for package in PACKAGES:
-        source = (ROOT / package / "__init__.py").read_text()
-        names = [name for _, name in imported_modules(source, f"{package}.__init__")]
-        assert names == [], f"{package}/__init__.py imports {names}: importing one module would load them all"
+    inits = [(module, path) for module, path in collection_files() if module.endswith(".__init__")]
+    assert len(inits) > len(PACKAGES)  # the packages and lightning_modules' per-paper subpackages
+    for module, path in inits:
+        names = [name for _, name in imported_modules(path.read_text(), module)]
+        assert names == [], f"{path.relative_to(ROOT)} imports {names}: importing one module would load them all"
 
 
 def test_importing_the_data_floor_loads_no_models_and_no_heavy_libraries():
@@ -141,7 +148,8 @@ def test_importing_the_data_floor_loads_no_models_and_no_heavy_libraries():
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     loaded = set(eval(result.stdout.strip().splitlines()[-1]))  # noqa: S307 - our own printed list
-    assert loaded <= DATAMODULE_ALLOWED | {"lightning_modules"}, loaded
+    packages = {"lightning_modules", *(name.rsplit(".", 1)[0] for name in DATAMODULE_ALLOWED)}
+    assert loaded <= DATAMODULE_ALLOWED | packages, loaded
 
 
 def test_importing_the_images_datamodule_does_not_load_diffusers_or_timm():
@@ -169,8 +177,8 @@ def _injectable_bases() -> tuple[type, ...]:
     from lightning.pytorch import Callback, LightningDataModule, LightningModule
     from torch.optim.lr_scheduler import LRScheduler
 
-    from lightning_modules.grpo import RewardFunction
-    from lightning_modules.rollout_allocation import RolloutAllocator
+    from lightning_modules.rlvr.grpo import RewardFunction
+    from lightning_modules.rlvr.rollout_allocation import RolloutAllocator
     return LightningModule, LightningDataModule, Callback, LRScheduler, RolloutAllocator, RewardFunction
 
 
@@ -199,18 +207,19 @@ def test_every_collection_class_resolves_by_its_short_name():
                 problems.append(f"{name}: short name resolves to {same_name}, expected [{path}]")
             checked.append(path)
     assert problems == [], problems
-    expected = {"lightning_modules.grpo.GRPO", "lightning_modules.classifier.ImageClassifier",
-                "lightning_modules.rollout_allocation.KnapsackAllocator", "lightning_modules.schedulers.RobbinsMonroLR",
+    expected = {"lightning_modules.rlvr.grpo.GRPO", "lightning_modules.shared.classifier.ImageClassifier",
+                "lightning_modules.rlvr.rollout_allocation.KnapsackAllocator",
+                "lightning_modules.tamed_sgd.schedulers.RobbinsMonroLR",
                 "datamodules.images.ImageClassificationDataModule", "callbacks.ema.EMAWeights",
-                "callbacks.sgd_taming.SGDTaming", "lightning_modules.grpo.ExactMatchReward"}
+                "callbacks.sgd_taming.SGDTaming", "lightning_modules.rlvr.grpo.ExactMatchReward"}
     assert expected <= set(checked)
 
 
 @pytest.mark.parametrize("config, flag, class_path", [
     ("configs/knapsack_rl/quick.yaml", "--model.init_args.rollout_allocator=UniformAllocator",
-     "lightning_modules.rollout_allocation.UniformAllocator"),
+     "lightning_modules.rlvr.rollout_allocation.UniformAllocator"),
     ("configs/tamed_sgd/quick.yaml", "--model.init_args.lr_scheduler=RobbinsMonroLR",
-     "lightning_modules.schedulers.RobbinsMonroLR"),
+     "lightning_modules.tamed_sgd.schedulers.RobbinsMonroLR"),
     ("configs/trew/classifier_quick.yaml", "--trainer.callbacks+=EMAWeights", "callbacks.ema.EMAWeights"),
 ])
 def test_short_names_work_on_the_command_line(config, flag, class_path, capsys):

@@ -12,13 +12,13 @@ import torch
 from datamodules.genomics import (MOTIFS, DNAClassificationDataModule, DNAPretrainDataModule, PadCollate, encode,
                                   motif_edge_mask, motif_hits, read_bed_windows, read_fasta, read_genomic_benchmarks,
                                   read_nucleotide_transformer, synthetic_motif_task)
-from lightning_modules.bimamba2 import BiMamba2, mamba_ssm_available, ssd_chunked, ssd_scan, ssd_sequential
-from lightning_modules.errors import UserInputError
-from lightning_modules.ldarnet import (IGNORE_INDEX, LDARNetClassifier, LDARNetPretraining, WSDSchedule, mlm_mask,
-                                       no_weight_decay, reverse_complement)
-from lightning_modules.ldarnet_network import (MASK_TOKEN, PAD_TOKEN, STE, BidirectionalRouter, check_arch_layout,
-                                               chunk, dechunk_ema, fixed_boundaries, parse_layout, ratio_loss,
-                                               upsample)
+from lightning_modules.ldarnet.bimamba2 import BiMamba2, mamba_ssm_available, ssd_chunked, ssd_scan, ssd_sequential
+from lightning_modules.shared.errors import UserInputError
+from lightning_modules.ldarnet.ldarnet import (IGNORE_INDEX, LDARNetClassifier, LDARNetPretraining, WSDSchedule,
+                                               mlm_mask, no_weight_decay, reverse_complement)
+from lightning_modules.ldarnet.ldarnet_network import (MASK_TOKEN, PAD_TOKEN, STE, BidirectionalRouter,
+                                                       check_arch_layout, chunk, dechunk_ema, fixed_boundaries,
+                                                       parse_layout, ratio_loss, upsample)
 
 
 def decode(tokens) -> str:

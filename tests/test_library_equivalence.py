@@ -13,9 +13,9 @@ from lightning.pytorch.callbacks import EMAWeightAveraging
 from torch import nn
 
 from callbacks.ema import EMAWeights
-from lightning_modules.answer_set_metrics import expected_calibration_error, set_brier
-from lightning_modules.expression_eval import per_gene_pearson, sample_crps
-from lightning_modules.ldarnet import WSDSchedule
+from lightning_modules.multi_answer_rl.answer_set_metrics import expected_calibration_error, set_brier
+from lightning_modules.rna_fm.expression_eval import per_gene_pearson, sample_crps
+from lightning_modules.ldarnet.ldarnet import WSDSchedule
 
 
 # ============================================================================================ EMA

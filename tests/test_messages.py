@@ -20,8 +20,8 @@ from lightning.pytorch.loggers import CSVLogger
 import train
 from conftest import REPO
 from icml26.run_folders import RemoveFailedRunFolder, with_failed_run_cleanup
-from lightning_modules.base import read_checkpoint
-from lightning_modules.errors import UserInputError
+from lightning_modules.shared.base import read_checkpoint
+from lightning_modules.shared.errors import UserInputError
 
 OFFLINE_RL = str(REPO / "configs/phyb/ensemble_quick.yaml")
 CAUSCIBENCH = str(REPO / "configs/causcibench/quick.yaml")
@@ -112,7 +112,7 @@ def test_a_misspelt_class_path_in_a_config_file_names_the_key_the_path_and_the_c
     bad.write_text("model:\n  class_path: lightning_modules.nope.CausalInferenceAgent\n")
     line = one_error_line(*run_train(monkeypatch, capsys, "fit", "--config", CAUSCIBENCH, "--config", str(bad)))
     assert line.startswith("error: --model: 'lightning_modules.nope.CausalInferenceAgent' is not a known class "
-                           "(did you mean lightning_modules.causal_agent.CausalInferenceAgent"), line
+                           "(did you mean lightning_modules.causcibench.causal_agent.CausalInferenceAgent"), line
 
 
 def test_a_misspelt_class_inside_init_args_of_a_config_file_names_its_own_key(monkeypatch, capsys, tmp_path):
@@ -236,7 +236,7 @@ def _collinear_query() -> dict:
 def test_forced_ols_silences_statsmodels_singular_design_notes_and_other_agents_keep_them():
     from statsmodels.tools.sm_exceptions import SingularMatrixWarning
 
-    from lightning_modules.causal_agent import CausalInferenceAgent
+    from lightning_modules.causcibench.causal_agent import CausalInferenceAgent
 
     def statsmodels_warnings(agent: str) -> list:
         with warnings.catch_warnings(record=True) as caught:

@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 
-from lightning_modules.answer_set_metrics import (AnswerSetAccumulator, expected_calibration_error, pass_at_k,
-                                                  set_brier, set_rows)
-from lightning_modules.answers import answer_key, is_correct, normalize_squad_answer
-from lightning_modules.errors import UserInputError
-from lightning_modules.multi_answer_protocol import format_completion, parse_completion
-from lightning_modules.multi_answer_rl import MultiAnswerReward
+from lightning_modules.multi_answer_rl.answer_set_metrics import (AnswerSetAccumulator, expected_calibration_error,
+                                                                  pass_at_k, set_brier, set_rows)
+from lightning_modules.rlvr.answers import answer_key, is_correct, normalize_squad_answer
+from lightning_modules.shared.errors import UserInputError
+from lightning_modules.multi_answer_rl.multi_answer_protocol import format_completion, parse_completion
+from lightning_modules.multi_answer_rl.multi_answer_rl import MultiAnswerReward
 
 
 
@@ -365,9 +365,9 @@ def test_jsonl_loader_missing_or_empty_file(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------- module
-from lightning_modules.grpo import ExactMatchReward  # noqa: E402
-from lightning_modules.multi_answer_rl import MultiAnswerGRPO  # noqa: E402
-from lightning_modules.tiny_gpt import TinyGPT  # noqa: E402
+from lightning_modules.rlvr.grpo import ExactMatchReward  # noqa: E402
+from lightning_modules.multi_answer_rl.multi_answer_rl import MultiAnswerGRPO  # noqa: E402
+from lightning_modules.shared.tiny_gpt import TinyGPT  # noqa: E402
 
 
 def _policy(dm):

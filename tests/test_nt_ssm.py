@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from datamodules.interaction_graph import GraphRecDataModule, per_user_split, read_lightgcn_txt
-from lightning_modules.errors import UserInputError
-from lightning_modules.nt_ssm import (GraphCollaborativeFiltering, LightGCN, SimGCL, info_nce, normalized_adjacency,
-                                      nt_ssm_direction, nt_ssm_loss, simgcl_noise, ssm_direction)
+from lightning_modules.shared.errors import UserInputError
+from lightning_modules.nt_ssm.nt_ssm import (GraphCollaborativeFiltering, LightGCN, SimGCL, info_nce,
+                                             normalized_adjacency, nt_ssm_direction, nt_ssm_loss, simgcl_noise,
+                                             ssm_direction)
 
 ALPHAS = ("alpha_uu", "alpha_ii", "alpha_ui", "alpha_iu")
 

@@ -17,9 +17,9 @@ import torch
 from conftest import config_path, run_cli
 from datamodules.offline_rl import (OfflineRLDataModule, d4rl_inferred_timeouts, load_d4rl_file,
                                     load_minari_folder)
-from lightning_modules.dynamics_ensemble import DynamicsEnsemble, check_dataset_identity
-from lightning_modules.errors import UserInputError
-from lightning_modules.phyb import OfflineModelBasedRL
+from lightning_modules.phyb.dynamics_ensemble import DynamicsEnsemble, check_dataset_identity
+from lightning_modules.shared.errors import UserInputError
+from lightning_modules.phyb.phyb import OfflineModelBasedRL
 
 h5py = pytest.importorskip("h5py")
 

@@ -16,11 +16,11 @@ import torch
 from conftest import config_path, run_cli
 from datamodules.paralinguistic_speech import (ParalinguisticSpeechDataModule, collate_spoken_questions,
                                                generate_items, read_question_file, read_wav, synthesise)
-from lightning_modules.audio_dpo import AudioDPO, dpo_loss, pick_negatives
-from lightning_modules.audio_language_model import (AudioLanguageModel, HFLanguageModel, HFWhisperEncoder,
+from lightning_modules.pclm.audio_dpo import AudioDPO, dpo_loss, pick_negatives
+from lightning_modules.pclm.audio_language_model import (AudioLanguageModel, HFLanguageModel, HFWhisperEncoder,
                                                     MixingWeights, OptionAgreement, SpeechEncoder, TinyAudioLM,
                                                     masked_pool)
-from lightning_modules.errors import UserInputError
+from lightning_modules.shared.errors import UserInputError
 
 QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 
@@ -458,11 +458,11 @@ def _stage_config(tmp_path, base: str, name: str, lm: str, data_dir: str, tokeni
     with open(config_path(base)) as f:
         config = yaml.safe_load(f)
     init = config["model"]["init_args"]
-    init["encoder"] = {"class_path": "lightning_modules.audio_language_model.HFWhisperEncoder",
+    init["encoder"] = {"class_path": "lightning_modules.pclm.audio_language_model.HFWhisperEncoder",
                        "init_args": {"config": {"d_model": 16, "encoder_layers": 2, "encoder_attention_heads": 2,
                                                 "encoder_ffn_dim": 32, "max_source_positions": 50},
                                      "n_mels": 20, "hop_length": 320}}
-    init["language_model"] = {"class_path": "lightning_modules.audio_language_model.HFLanguageModel",
+    init["language_model"] = {"class_path": "lightning_modules.pclm.audio_language_model.HFLanguageModel",
                               "init_args": {"path": lm}}
     init.update(projector_hidden=16, mixer_hidden=8, **model)
     if init.get("pclm"):

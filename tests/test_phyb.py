@@ -12,9 +12,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from conftest import config_path, run_cli
 from datamodules.offline_rl import (CurrencyExchangeEnv, OfflineRLDataModule, PendulumEnv, load_d4rl_file,
                                     load_minari_folder)
-from lightning_modules.dynamics_ensemble import done_probability, soft_continue, termination_currency_exchange
-from lightning_modules.errors import UserInputError
-from lightning_modules.phyb import (OfflineModelBasedRL, hybrid_belief_weights, kl_temperature,
+from lightning_modules.phyb.dynamics_ensemble import done_probability, soft_continue, termination_currency_exchange
+from lightning_modules.shared.errors import UserInputError
+from lightning_modules.phyb.phyb import (OfflineModelBasedRL, hybrid_belief_weights, kl_temperature,
                                     order_statistic_weights, soft_value)
 
 QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",

@@ -28,8 +28,8 @@ from lightning.pytorch import LightningModule
 
 from callbacks.prediction_writer import PredictionWriter
 from conftest import QUICK_CONFIGS, REPO, config_path, run_cli
-from lightning_modules.causal_estimators import METHODS
-from lightning_modules.errors import UserInputError
+from lightning_modules.causcibench.causal_estimators import METHODS
+from lightning_modules.shared.errors import UserInputError
 
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.logger=false"]
 

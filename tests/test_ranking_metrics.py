@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from lightning_modules.errors import UserInputError
-from lightning_modules.ranking_metrics import (LeaveOneOutMetrics, TopKMetrics, leave_one_out_ranks,
+from lightning_modules.shared.errors import UserInputError
+from lightning_modules.shared.ranking_metrics import (LeaveOneOutMetrics, TopKMetrics, leave_one_out_ranks,
                                                mask_known_items, sampled_ranks)
 
 

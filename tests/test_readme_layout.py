@@ -18,9 +18,9 @@ def layout_block() -> str:
 def test_every_module_file_is_in_the_layout_or_in_a_card():
     block = layout_block()
     in_cards = {path for card in registry.papers() for path in card["files"]}
-    missing = [f"{package}/{path.name}" for package in ("lightning_modules", "datamodules", "callbacks")
-               for path in sorted((REPO / package).glob("*.py"))
-               if path.name != "__init__.py" and f"{package}/{path.name}" not in in_cards
+    missing = [str(path.relative_to(REPO)) for package in ("lightning_modules", "datamodules", "callbacks")
+               for path in sorted((REPO / package).rglob("*.py"))
+               if path.name != "__init__.py" and str(path.relative_to(REPO)) not in in_cards
                and not re.search(rf"\b{re.escape(path.name)}\b", block)]
     assert not missing, f"neither README.md's Layout nor a paper card (its 'files') names {missing}"
 

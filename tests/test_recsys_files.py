@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from datamodules.recsys_files import chronological_sequences, read_pairs, read_recbole_inter
-from lightning_modules.errors import UserInputError
+from lightning_modules.shared.errors import UserInputError
 
 
 def test_recbole_inter_is_read_and_sorted_by_time(tmp_path):

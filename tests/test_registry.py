@@ -10,7 +10,7 @@ import yaml
 from conftest import PAPER_CONFIGS, PAPERS, QUICK_CONFIGS, REPO, SWEEP_FILES
 from icml26 import registry
 from icml26.commands import run_command
-from lightning_modules.errors import UserInputError
+from lightning_modules.shared.errors import UserInputError
 
 # configs/ folders that are not papers: reusable groups, sweeps and the shared GRPO/RLVR core
 NOT_PAPERS = {"trainer", "logger", "sweeps", *registry.SHARED_CONFIG_FOLDERS}
@@ -140,7 +140,7 @@ def test_papers_name_prints_the_whole_card(capsys):
     out = capsys.readouterr().out
     card = registry.card("trew")
     assert out.startswith(f"trew: {card['title']}\n")
-    for text in ("arXiv 2506.20893", "lightning_modules.trew.ClassUnlearning", "lightning_modules/trew.py",
+    for text in ("arXiv 2506.20893", "lightning_modules.trew.trew.ClassUnlearning", "lightning_modules/trew/trew.py",
                  "callbacks.trew.TREWReweighting", "configs/sweeps/trew.yaml", "python -m experiments.trew",
                  "docs/trew.md", "results/trew.json", "tests/test_trew.py",
                  "configs/trew/quick.yaml  (fit first: configs/trew/classifier_quick.yaml)"):
@@ -244,8 +244,8 @@ def test_a_missing_field_and_broken_yaml_name_the_card(tmp_path):
 
 def test_a_class_that_does_not_import_or_has_the_wrong_kind_is_named():
     card = registry.card("trew")
-    with pytest.raises(UserInputError, match=r"field 'modules': lightning_modules.trew.Nope does not import"):
-        registry.check_classes({**card, "modules": ["lightning_modules.trew.Nope"]})
+    with pytest.raises(UserInputError, match=r"field 'modules': lightning_modules.trew.trew.Nope does not import"):
+        registry.check_classes({**card, "modules": ["lightning_modules.trew.trew.Nope"]})
     with pytest.raises(UserInputError, match=r"field 'modules': callbacks.trew.TREWReweighting is not a "
                                              r"LightningModule class"):
         registry.check_classes({**card, "modules": ["callbacks.trew.TREWReweighting"]})

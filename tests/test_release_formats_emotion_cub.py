@@ -16,7 +16,7 @@ from PIL import Image
 
 from datamodules.concepts import ConceptDataModule, cub_image_path
 from datamodules.emotion_corpus import EmotionCorpusDataModule, read_scenarios, shaver_words
-from lightning_modules.errors import UserInputError
+from lightning_modules.shared.errors import UserInputError
 
 WORDS = shaver_words()[0]
 RECORDS = [

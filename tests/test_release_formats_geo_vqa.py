@@ -18,8 +18,8 @@ from PIL import Image
 
 from datamodules.geo_localization import GeoLocalizationDataModule, UniqueLocationBatchSampler
 from datamodules.high_resolution_vqa import HighResolutionVQADataModule, load_vstar
-from lightning_modules.errors import UserInputError
-from lightning_modules.hide import HiDe
+from lightning_modules.shared.errors import UserInputError
+from lightning_modules.hide.hide import HiDe
 
 HEIGHTS = ("H80", "H90", "H100")
 SATELLITE_NAMES = [f"{h}{old}.tif" for h in HEIGHTS for old in ("", "_old")]

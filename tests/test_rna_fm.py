@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from datamodules.slide_expression import SlideExpressionDataModule, read_pathway_json, synthetic_slides
-from lightning_modules.errors import UserInputError
-from lightning_modules.expression_eval import (benjamini_hochberg, energy_distance_1d, expression_metrics,
+from lightning_modules.shared.errors import UserInputError
+from lightning_modules.rna_fm.expression_eval import (benjamini_hochberg, energy_distance_1d, expression_metrics,
                                                interval_coverage, pearson_pvalues, per_gene_pearson, sample_crps,
                                                top_k_genes)
-from lightning_modules.expression_regressors import HE2RNARegressor, TRNAsformerRegressor
-from lightning_modules.rna_fm import (RNAFM, AdaLNZeroBlock, PathwayGraphBlock, PathwayHeads, PathwayTokenizer,
+from lightning_modules.rna_fm.expression_regressors import HE2RNARegressor, TRNAsformerRegressor
+from lightning_modules.rna_fm.rna_fm import (RNAFM, AdaLNZeroBlock, PathwayGraphBlock, PathwayHeads, PathwayTokenizer,
                                       RaggedLayout, attention_bias, cfg_combine, coverage_counts, integrate,
                                       interpolate, shared_gene_adjacency, target_velocity)
 

@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-from lightning_modules.rollout_allocation import (DARSAllocator, KnapsackAllocator, RolloutAllocator,
+from lightning_modules.rlvr.rollout_allocation import (DARSAllocator, KnapsackAllocator, RolloutAllocator,
                                                   UniformAllocator, allocate_budget, cumulative_advantage_per_rollout,
                                                   dars_extra_rollouts, greedy_extra_rollouts, knapsack_value,
                                                   prob_nonzero_gradient, released_dp_extra_rollouts, rollout_cost)
-from lightning_modules.errors import UserInputError
+from lightning_modules.shared.errors import UserInputError
 
 # a 12-prompt worked example: two never-solved, two always-solved and eight effective prompts, n = 8
 WORKED_P = torch.tensor([0, 0, 1, 1, .05, .1, .2, .33, .5, .7, .9, .95], dtype=torch.float64)
@@ -254,7 +254,7 @@ def test_cumulative_advantage_identity():
 
 
 def test_cumulative_advantage_identity_holds_for_grpo_group_advantages():
-    from lightning_modules import grpo
+    from lightning_modules.rlvr import grpo
 
     rewards = torch.tensor([1.0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 1])
     group = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1])

@@ -9,8 +9,8 @@ import torch
 from callbacks.rsir import RSIRSelfImprovement, generate_sequences, generation_sources
 from conftest import config_path, run_cli
 from datamodules.sequences import SequentialRecDataModule, read_sequence_file, training_pairs
-from lightning_modules.errors import UserInputError
-from lightning_modules.sequential_rec import (SequentialRecommender, full_softmax_loss, sample_negatives,
+from lightning_modules.shared.errors import UserInputError
+from lightning_modules.rsir.sequential_rec import (SequentialRecommender, full_softmax_loss, sample_negatives,
                                               sampled_softmax_loss)
 
 QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]

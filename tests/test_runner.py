@@ -128,7 +128,7 @@ def test_default_evaluation_is_trainer_test_and_fit_false_skips_training(tmp_pat
     result = runner.run_experiment("tiny", spec_path=path, out=tmp_path)
     trained, untrained = result["per_seed"][0]["trained"], result["per_seed"][0]["untrained"]
     assert set(trained) >= {"f", "grad_norm", "diverged"}  # test/ prefix removed
-    from lightning_modules.tamed_sgd import ExpSaddle
+    from lightning_modules.tamed_sgd.tamed_sgd import ExpSaddle
 
     assert untrained["f"] == pytest.approx(float(ExpSaddle.value(torch.tensor([1.0, 0.5]))), rel=1e-6)  # the start
     assert trained["f"] != pytest.approx(untrained["f"])

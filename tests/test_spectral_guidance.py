@@ -1,5 +1,6 @@
 """Spectral Guidance: the two-view objective, whitening, coefficients, the guided DDIM step, the sign fix, and the
-promise that guided sampling never backpropagates through the denoiser (lightning_modules/spectral_guidance.py)."""
+promise that guided sampling never backpropagates through the denoiser
+(lightning_modules/spectral_guidance/spectral_guidance.py)."""
 from __future__ import annotations
 
 import math
@@ -8,12 +9,13 @@ import pytest
 import torch
 
 from datamodules.toy_distributions import DiffusionToyDataModule, LabelledGMM, make_gmm
-from lightning_modules.denoisers import MLPDenoiser
-from lightning_modules.errors import UserInputError
-from lightning_modules.diffusion_denoiser import DiffusionDenoiser, make_scheduler
-from lightning_modules.guided_sampling import (DPSStyleGuide, SpectralGuide, clamp_norm, guidance_direction,
-                                               guided_ddim_sample, guided_ddim_step, predict_eps)
-from lightning_modules.spectral_guidance import (
+from lightning_modules.shared.denoisers import MLPDenoiser
+from lightning_modules.shared.errors import UserInputError
+from lightning_modules.spectral_guidance.diffusion_denoiser import DiffusionDenoiser, make_scheduler
+from lightning_modules.spectral_guidance.guided_sampling import (DPSStyleGuide, SpectralGuide, clamp_norm,
+                                                                 guidance_direction, guided_ddim_sample,
+                                                                 guided_ddim_step, predict_eps)
+from lightning_modules.spectral_guidance.spectral_guidance import (
     SpectralGuidanceEncoder, TimeConditionedConvEncoder, TimeConditionedMLPEncoder, correlation_basis, energy_ratio,
     spectral_coefficients, two_view_correlations, two_view_loss, whitening)
 

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import REPO
 from icml26.sweep import read_sweep, run_sweep, trial_arguments
-from lightning_modules.errors import UserInputError
+from lightning_modules.shared.errors import UserInputError
 
 SHORT = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 

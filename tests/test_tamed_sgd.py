@@ -12,9 +12,9 @@ from torch.utils.data import DataLoader
 
 from callbacks.sgd_taming import SGDTaming, clipped_direction, dissipative_direction, tamed_direction
 from datamodules.stochastic_oracle import StochasticOracleDataModule, oracle_noise
-from lightning_modules.errors import UserInputError
-from lightning_modules.schedulers import RobbinsMonroLR
-from lightning_modules.tamed_sgd import OBJECTIVES, StochasticOracleModule, get_objective, sample_objective
+from lightning_modules.shared.errors import UserInputError
+from lightning_modules.tamed_sgd.schedulers import RobbinsMonroLR
+from lightning_modules.tamed_sgd.tamed_sgd import OBJECTIVES, StochasticOracleModule, get_objective, sample_objective
 
 QUIET = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
              accelerator="cpu", devices=1, num_sanity_val_steps=0)

@@ -14,8 +14,8 @@ from datamodules.face_datasets import read_celeba_identities
 from datamodules.face_renderer import (geometry_map, identity_parameters, nuisance_parameters, render_faces,
                                        synthetic_faces)
 from datamodules.synthetic_faces import FaceDataModule
-from lightning_modules.errors import UserInputError
-from lightning_modules.tivdiff import (TIVDiff, VirtualIdentityProjection, bit_accuracy, bit_scores,
+from lightning_modules.shared.errors import UserInputError
+from lightning_modules.tivdiff.tivdiff import (TIVDiff, VirtualIdentityProjection, bit_accuracy, bit_scores,
                                        cosface_loss, cross_key_linkability, ddim_invert, ddim_sample,
                                        extract_message, key_rotation, keyed_bits, keyed_hash, message_bits, mix32,
                                        pair_margin_loss, privacy_loss, rbf_mmd2, scheduler_config, to_epsilon,

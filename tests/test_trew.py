@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from lightning_modules.errors import UserInputError
-from lightning_modules.trew import (CMIAttack, ClassUnlearning, class_similarity, confusion_similarity,
+from lightning_modules.shared.errors import UserInputError
+from lightning_modules.trew.trew import (CMIAttack, ClassUnlearning, class_similarity, confusion_similarity,
                                     mia_efficacy, neighbour_classes, tilted_target, total_variation)
 
 

@@ -31,7 +31,7 @@ def test_the_retrained_models_have_distinct_seeds():
 
 
 def _untrained_classifier(seed: int):
-    from lightning_modules.classifier import ImageClassifier
+    from lightning_modules.shared.classifier import ImageClassifier
 
     torch.manual_seed(seed)
     return ImageClassifier(backbone="mlp", num_classes=10, in_channels=1, image_size=8, hidden_dim=16).eval()

@@ -9,9 +9,9 @@ import torch
 from datamodules import many_answer_tasks
 from datamodules.verifiable_tasks import (TEST_ID_OFFSET, CharTokenizer, VerifiableTaskDataModule, collate_prompts,
                                           collate_sft, load_jsonl, load_parquet)
-from lightning_modules.answers import answers_match, extract_answer, normalize_math_answer
-from lightning_modules.errors import UserInputError
-from lightning_modules.grpo import ExactMatchReward
+from lightning_modules.rlvr.answers import answers_match, extract_answer, normalize_math_answer
+from lightning_modules.shared.errors import UserInputError
+from lightning_modules.rlvr.grpo import ExactMatchReward
 
 
 # --------------------------------------------------------------------------------------------- verifier

@@ -18,8 +18,8 @@ from callbacks.prediction_writer import PredictionWriter
 from conftest import config_path, run_cli
 from datamodules.paralinguistic_speech import (ParalinguisticSpeechDataModule, collate_spoken_questions,
                                                read_voxparadox_release)
-from lightning_modules.audio_language_model import AudioLanguageModel, OptionAgreement, SpeechEncoder, TinyAudioLM
-from lightning_modules.errors import UserInputError
+from lightning_modules.pclm.audio_language_model import AudioLanguageModel, OptionAgreement, SpeechEncoder, TinyAudioLM
+from lightning_modules.shared.errors import UserInputError
 
 # three rows in the release's columns; questions, choices and labels are the project page's examples
 # (voxparadox.github.io), the vocal-range question with its two adversarial labels

@@ -1,0 +1,3 @@
+"""NT-SSM: the graph state-space recommender.
+
+Import from the module files (``lightning_modules.nt_ssm.<file>``); this package imports nothing eagerly."""
