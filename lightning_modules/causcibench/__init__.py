@@ -1,3 +1,11 @@
-"""CauSciBench: the causal-analysis agent, its estimators and the method catalogue.
+"""CauSciBench: Can LLMs Automate Causal Inference in Real-World Scientific Research? (ICML 2026); configs in
+``configs/causcibench/``, every file of the paper: ``icml26 papers causcibench``.
 
-Import from the module files (``lightning_modules.causcibench.<file>``); this package imports nothing eagerly."""
+- ``causal_agent``: CauSciBench agents as a LightningModule.
+- ``causal_estimators``: Treatment-effect estimators of the CauSciBench agents, on statsmodels and linearmodels,
+  behind one closed set of method labels.
+- ``causal_methods``: CauSciBench's closed set of method labels and the mapping of the benchmark's raw labels onto
+  it.
+
+Import from the files (``lightning_modules.causcibench.<file>``); this package imports nothing eagerly.
+"""

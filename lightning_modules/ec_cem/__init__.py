@@ -1,3 +1,7 @@
-"""EC-CEM: CEM, evi-CEM and the evidential-copula concept embedding model.
+"""Evidential Copula Concept Embedding Models (ICML 2026); configs in ``configs/ec_cem/``, every file of the paper:
+``icml26 papers ec_cem``.
 
-Import from the module files (``lightning_modules.ec_cem.<file>``); this package imports nothing eagerly."""
+- ``concept_models``: Concept embedding models.
+
+Import from the files (``lightning_modules.ec_cem.<file>``); this package imports nothing eagerly.
+"""

@@ -1,3 +1,7 @@
-"""Emotion hierarchy: the layer-wise emotion probe over a language model.
+"""Emergence of Hierarchical Emotion Organization in Large Language Models (ICML 2026); configs in
+``configs/emotion_hierarchy/``, every file of the paper: ``icml26 papers emotion_hierarchy``.
 
-Import from the module files (``lightning_modules.emotion_hierarchy.<file>``); this package imports nothing eagerly."""
+- ``emotion_probe``: Emotion hierarchies read out of a causal language model's next-token distribution.
+
+Import from the files (``lightning_modules.emotion_hierarchy.<file>``); this package imports nothing eagerly.
+"""

@@ -1,3 +1,17 @@
-"""LDARNet: the slide-expression module, its network and the BiMamba-2 block.
+"""LDARNet: DNA Adaptive Representation Network with Learnable Tokenization for Genomic Modeling (ICML 2026); configs
+in ``configs/ldarnet/``, every file of the paper: ``icml26 papers ldarnet``.
 
-Import from the module files (``lightning_modules.ldarnet.<file>``); this package imports nothing eagerly."""
+- ``bimamba2``: Pure-PyTorch Mamba-2 (SSD) and the bidirectional BiMamba-2 block used by LDARNet (arXiv 2606.04552).
+- ``ldarnet``: LDARNet.
+- ``ldarnet_network``: The LDARNet network (arXiv 2606.04552).
+
+Import from the files (``lightning_modules.ldarnet.<file>``); this package imports nothing eagerly.
+"""
+
+import sys
+
+
+def __getattr__(name: str):
+    """Class paths written before the per-paper folders (``lightning_modules.ldarnet.<Class>``) keep resolving
+    to ``lightning_modules.ldarnet.ldarnet``, lazily and with a FutureWarning."""
+    return sys.modules["lightning_modules"].moved_attribute(__name__, name)
