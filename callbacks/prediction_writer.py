@@ -35,6 +35,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
 
+from lightning_modules.shared.data_contract import SlideExpressionData, data_view
 from lightning_modules.shared.errors import check_range
 
 
@@ -86,7 +87,7 @@ class PredictionWriter(BasePredictionWriter):
     # ------------------------------------------------------------------------------------------ writing
     def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices) -> None:
         suffix = f"_rank{trainer.global_rank}" if trainer.world_size > 1 else ""
-        gene_names = getattr(trainer.datamodule, "gene_names", None) if trainer.datamodule is not None else None
+        gene_names = data_view(SlideExpressionData, trainer.datamodule).gene_names
         written = []
         for dataloader_idx, batches in sorted(self._batches.items()):
             stem_suffix = (f"_dataloader{dataloader_idx}" if len(self._batches) > 1 else "") + suffix

@@ -510,6 +510,16 @@ class OfflineRLDataModule(LightningDataModule):
         h = self.hparams
         return h.source if h.source in ENVS else h.env_id
 
+    @property
+    def ref_min_return(self) -> float | None:
+        """D4RL's random-policy reference return (the 0 of the normalised score), or None."""
+        return self.hparams.ref_min_return
+
+    @property
+    def ref_max_return(self) -> float | None:
+        """D4RL's expert reference return (the 100 of the normalised score), or None."""
+        return self.hparams.ref_max_return
+
     def make_env(self):
         """A vectorised evaluation environment (``reset(n, rng)``, ``step(actions)``)."""
         h = self.hparams

@@ -17,7 +17,7 @@ import warnings
 # Before the per-paper folders every module sat here (``lightning_modules.grpo``); configs, scripts and checkpoints
 # written then (a checkpoint stores its module's class path in ``hyper_parameters["_class_path"]``) name those
 # paths. They keep resolving, with a FutureWarning, to the module's new home. Modules whose old name is now their
-# paper's folder (``lightning_modules.phyb.PhyB``) are resolved by that folder's ``__getattr__``.
+# paper's folder (``lightning_modules.phyb.OfflineModelBasedRL``) resolve through that folder's ``__getattr__``.
 MOVED_MODULES = {
     "base": "shared", "errors": "shared", "data_contract": "shared", "classifier": "shared", "denoisers": "shared",
     "ranking_metrics": "shared", "tiny_gpt": "shared",
@@ -62,14 +62,13 @@ if not any(isinstance(finder, _MovedModuleFinder) for finder in sys.meta_path):
 
 
 def moved_attribute(package: str, name: str):
-    """``lightning_modules.phyb.PhyB`` (an old flat module, now a folder): the attribute of
-    ``lightning_modules.phyb.phyb``."""
+    """``lightning_modules.phyb.OfflineModelBasedRL``: a name of a paper folder's main file
+    (``lightning_modules.phyb.phyb``), looked up lazily. The short path is what the flat layout called the class, so
+    old configs and checkpoints resolve; jsonargparse also writes it, being the shortest."""
     if name.startswith("__"):
         raise AttributeError(name)
     module = importlib.import_module(f"{package}.{package.rpartition('.')[2]}")
     try:
-        value = getattr(module, name)
+        return getattr(module, name)
     except AttributeError:
         raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
-    _warn_moved(f"{package}.{name}", f"{module.__name__}.{name}")
-    return value

@@ -43,28 +43,17 @@ import json
 import logging
 import os
 from collections import deque
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 from torch import nn
 from torchmetrics import Metric
 
 from lightning_modules.shared.base import PaperModule
+from lightning_modules.shared.data_contract import EmotionWordData
 from lightning_modules.shared.errors import UserInputError, check_range
 
 log = logging.getLogger(__name__)
-
-
-@runtime_checkable
-class EmotionWordData(Protocol):
-    """What `EmotionProbe` reads from its datamodule (`datamodules.emotion_corpus.EmotionCorpusDataModule`)."""
-
-    tokenizer: Any                     # encode/decode, vocab_size, pad_id, eos_id, bos_id
-    emotion_words: list[str]           # K words
-    emotion_categories: list[int]      # basic-category index of each word
-    emotion_is_basic: list[bool]       # the word is a basic category itself
-    category_names: list[str]          # basic categories
-    reference_edges: list | None       # (parent, child) word indices of a planted hierarchy, else None
 
 
 # --------------------------------------------------------------------------------------------- tree math

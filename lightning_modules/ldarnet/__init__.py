@@ -12,6 +12,7 @@ import sys
 
 
 def __getattr__(name: str):
-    """Class paths written before the per-paper folders (``lightning_modules.ldarnet.<Class>``) keep resolving
-    to ``lightning_modules.ldarnet.ldarnet``, lazily and with a FutureWarning."""
+    """A name of ``ldarnet.py`` resolved lazily from its folder
+    (``lightning_modules.ldarnet.<Name>``): the class paths of the flat layout before the per-paper folders,
+    and the ones jsonargparse writes (the shortest)."""
     return sys.modules["lightning_modules"].moved_attribute(__name__, name)

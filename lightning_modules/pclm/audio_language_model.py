@@ -78,7 +78,6 @@ import copy
 import logging
 import math
 import os
-from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -88,21 +87,12 @@ from torch import nn
 from torchmetrics import Metric
 
 from lightning_modules.shared.base import PaperModule
+from lightning_modules.shared.data_contract import SpokenQuestionData
 from lightning_modules.shared.errors import UserInputError, check_range
 from lightning_modules.shared.tiny_gpt import Block
 
 log = logging.getLogger(__name__)
 PARTS = ("encoder", "projector", "mixer", "language_model")
-
-
-@runtime_checkable
-class SpokenQuestionData(Protocol):
-    """What these modules read from the datamodule (`datamodules.paralinguistic_speech`)."""
-
-    vocab_size: int            # prompt and option token ids lie below it
-    sample_rate: int           # waveforms' sampling rate
-    num_content_classes: int   # sentences of the content pre-training
-    task_names: list           # task ids -> names (metrics per task)
 
 
 # ============================================================================================ front end
@@ -560,14 +550,14 @@ class AudioLanguageModel(PaperModule):
         self.alpha_by_task = MixingWeights(len(names), len(self.layers))
 
     def setup(self, stage: str) -> None:
-        names = self.data_value(SpokenQuestionData, "task_names")
+        names = self.data(SpokenQuestionData).task_names
         if names is not None and list(names) != self.task_names:
             self.task_names = list(names)
             self._build_metrics()
-        vocab = self.data_value(SpokenQuestionData, "vocab_size")
+        vocab = self.data(SpokenQuestionData).vocab_size
         if vocab is not None and vocab > self.language_model.vocab_size:
             raise UserInputError(_vocabulary_message(vocab, self.language_model))
-        rate = self.data_value(SpokenQuestionData, "sample_rate")
+        rate = self.data(SpokenQuestionData).sample_rate
         if rate is not None and rate != self.encoder.sample_rate:
             raise UserInputError(f"the data is sampled at {rate} Hz but the encoder expects "
                                  f"{self.encoder.sample_rate} Hz.")

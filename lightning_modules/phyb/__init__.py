@@ -3,6 +3,7 @@
 
 - ``dynamics_ensemble``: Stage 1 of PhyB.
 - ``phyb``: PhyB.
+- ``td3_bc``: TD3+BC, the model-free baseline.
 
 Import from the files (``lightning_modules.phyb.<file>``); this package imports nothing eagerly.
 """
@@ -11,6 +12,7 @@ import sys
 
 
 def __getattr__(name: str):
-    """Class paths written before the per-paper folders (``lightning_modules.phyb.<Class>``) keep resolving
-    to ``lightning_modules.phyb.phyb``, lazily and with a FutureWarning."""
+    """A name of ``phyb.py`` resolved lazily from its folder
+    (``lightning_modules.phyb.<Name>``): the class paths of the flat layout before the per-paper folders,
+    and the ones jsonargparse writes (the shortest)."""
     return sys.modules["lightning_modules"].moved_attribute(__name__, name)

@@ -42,7 +42,8 @@ from torch import Tensor, nn
 from lightning_modules.shared.base import PaperModule
 from lightning_modules.shared.data_contract import SequenceData
 from lightning_modules.shared.errors import UserInputError, check_range
-from lightning_modules.shared.ranking_metrics import LeaveOneOutMetrics, leave_one_out_ranks, mask_known_items, sampled_ranks
+from lightning_modules.shared.ranking_metrics import (LeaveOneOutMetrics, leave_one_out_ranks, mask_known_items,
+                                                      sampled_ranks)
 
 BACKBONES = ("sasrec", "gru4rec")
 LOSSES = ("full_softmax", "sampled_softmax")
@@ -206,7 +207,7 @@ class SequentialRecommender(PaperModule):
         return build_backbone(h.backbone, h.num_items, h.hidden_dim, h.num_blocks, h.num_heads, h.dropout, h.max_len)
 
     def setup(self, stage: str) -> None:
-        data_items = self.data_value(SequenceData, "num_items")
+        data_items = self.data(SequenceData).num_items
         if self.backbone is None:  # num_items: null = read from the data (stored in the checkpoint's hparams)
             if data_items is None:
                 raise UserInputError("model.num_items is null but the datamodule has no num_items: set "
@@ -217,7 +218,7 @@ class SequentialRecommender(PaperModule):
         self.check_data_matches(SequenceData, {"num_items": self.hparams.num_items},
                                 "model.num_items={model} but the data has {data} items: set model.init_args.num_items: "
                                 "{data}.")
-        data_len = self.data_value(SequenceData, "max_len")
+        data_len = self.data(SequenceData).max_len
         if data_len is not None and data_len > self.hparams.max_len:
             raise UserInputError(f"data.max_len={data_len} is longer than model.max_len={self.hparams.max_len}: set "
                                  "them equal.")

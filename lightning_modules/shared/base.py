@@ -1,5 +1,5 @@
 """Plumbing shared by every paper module: injected optimisers, fine-tuning from a checkpoint, and the model-data
-contract (``data_value`` / ``check_data_matches`` / ``attached_data``: what a module reads from the attached
+contract (``data`` / ``check_data_matches`` / ``attached_data``: what a module reads from the attached
 datamodule, declared per data family in `lightning_modules.shared.data_contract`).
 
 Two ways to start from a checkpoint, and they mean different things:
@@ -39,7 +39,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torchmetrics import Metric
 
-from lightning_modules.shared.data_contract import contract_members
+from lightning_modules.shared.data_contract import data_view
 from lightning_modules.shared.errors import UserInputError, one_line
 
 log = logging.getLogger(__name__)
@@ -154,21 +154,18 @@ class PaperModule(LightningModule):
         datamodule = self.attached_datamodule
         return datamodule if datamodule is not None and isinstance(datamodule, contract) else None
 
-    def data_value(self, contract: type, name: str, default: Any = None) -> Any:
-        """Member ``name`` of ``contract`` read from the attached datamodule; ``default`` when no datamodule is
-        attached or it does not provide ``name`` (yet). Reading a name the contract does not declare is a bug."""
-        if name not in contract_members(contract):
-            raise TypeError(f"{name!r} is not part of the {contract.__name__} contract "
-                            f"({', '.join(sorted(contract_members(contract)))}); declare it there first.")
-        datamodule = self.attached_datamodule
-        return default if datamodule is None else getattr(datamodule, name, default)
+    def data(self, contract: type[T]) -> T:
+        """The attached datamodule read through ``contract``: ``self.data(SequenceData).num_items`` (typed; None
+        when no datamodule is attached or it does not provide the member yet; an undeclared member is an error)."""
+        return data_view(contract, self.attached_datamodule)
 
     def check_data_matches(self, contract: type, expected: dict[str, Any], message: str) -> None:
         """Raise `UserInputError` when the attached data knows a member of ``contract`` (not None) and it differs
         from the model's value. ``expected`` maps member names to the model's values; ``message`` is formatted
         with ``name``, ``model`` and ``data``."""
+        view = self.data(contract)
         for name, model_value in expected.items():
-            data_value = self.data_value(contract, name)
+            data_value = getattr(view, name)
             if data_value is not None and data_value != model_value:
                 raise UserInputError(message.format(name=name, model=model_value, data=data_value))
 

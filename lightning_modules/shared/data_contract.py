@@ -4,8 +4,10 @@ Some sizes are only known from the data (the number of items of a recommender, t
 RNA-FM slide set) and some objects belong to the data (the tokenizer, the training graph). A module reads them
 from ``trainer.datamodule`` in ``setup`` through the `PaperModule` helpers, never by probing attributes ad hoc:
 
-* ``self.data_value(Contract, "name")``: one member of a contract, or a default when no datamodule is attached or
-  the attached one does not provide it (yet); reading a name the contract does not declare is a programming error;
+* ``self.data(Contract).name``: one member of a contract, typed (``self.data(SequenceData).num_items`` is an
+  ``int`` to a type checker), or None when no datamodule is attached or the attached one does not provide it (yet);
+  reading a name the contract does not declare raises ``AttributeError``. Callbacks use ``data_view(Contract,
+  trainer.datamodule)``, the same view;
 * ``self.check_data_matches(Contract, {"name": model_value, ...}, message)``: raises `UserInputError` with
   ``message`` when the data's value is known and differs from the model's;
 * ``self.attached_data(Contract)``: the datamodule when it provides the whole contract (``isinstance`` on the
@@ -17,10 +19,12 @@ protocols hold no code, so datamodules and callbacks may import this module with
 """
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 
 from torch import Tensor
 from torch.utils.data import DataLoader
+
+C = TypeVar("C")
 
 
 def contract_members(contract: type) -> frozenset[str]:
@@ -32,6 +36,35 @@ def contract_members(contract: type) -> frozenset[str]:
         names.update(getattr(base, "__annotations__", {}))
         names.update(name for name, value in vars(base).items() if callable(value) and not name.startswith("_"))
     return frozenset(names)
+
+
+class _ContractView:
+    """The datamodule seen through one contract: declared members read through (None where the datamodule does
+    not provide one yet), undeclared ones are an error, nothing can be written."""
+
+    __slots__ = ("_contract", "_datamodule", "_members")
+
+    def __init__(self, contract: type, datamodule: Any) -> None:
+        object.__setattr__(self, "_contract", contract)
+        object.__setattr__(self, "_datamodule", datamodule)
+        object.__setattr__(self, "_members", contract_members(contract))
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in self._members:
+            raise AttributeError(f"{name!r} is not part of the {self._contract.__name__} contract "
+                                 f"({', '.join(sorted(self._members))}); declare it there first.")
+        return None if self._datamodule is None else getattr(self._datamodule, name, None)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"the {self._contract.__name__} view is read-only; set {name!r} on the datamodule.")
+
+    def __repr__(self) -> str:
+        return f"<{self._contract.__name__} of {type(self._datamodule).__name__}>"
+
+
+def data_view(contract: type[C], datamodule: Any) -> C:
+    """``datamodule`` (or None) read through ``contract``: ``data_view(SequenceData, dm).num_items``, typed."""
+    return cast(C, _ContractView(contract, datamodule))
 
 
 # ============================================================================================ recommendation
@@ -121,6 +154,31 @@ class LabelledSequenceData(Protocol):
     num_classes: int
 
 
+@runtime_checkable
+class EmotionWordData(Protocol):
+    """Emotion words in a text corpus (`datamodules.emotion_corpus.EmotionCorpusDataModule`; `EmotionProbe` and the
+    SFT language models of the emotion-hierarchy experiment)."""
+
+    tokenizer: Any                     # encode/decode, vocab_size, pad_id, eos_id, bos_id
+    emotion_words: list[str]           # K words
+    emotion_categories: list[int]      # basic-category index of each word
+    emotion_is_basic: list[bool]       # the word is a basic category itself
+    category_names: list[str]          # basic categories
+    reference_edges: list | None       # (parent, child) word indices of a planted hierarchy, else None
+
+
+# ============================================================================================ speech
+@runtime_checkable
+class SpokenQuestionData(Protocol):
+    """Spoken multiple-choice questions (`datamodules.paralinguistic_speech.ParalinguisticSpeechDataModule`; the
+    PCLM audio language model and its DPO stage)."""
+
+    vocab_size: int            # prompt and option token ids lie below it
+    sample_rate: int           # waveforms' sampling rate
+    num_content_classes: int   # sentences of the content pre-training
+    task_names: list           # task ids -> names (metrics per task)
+
+
 # ============================================================================================ expression
 @runtime_checkable
 class SlideExpressionData(Protocol):
@@ -159,5 +217,10 @@ class OfflineRLData(Protocol):
     obs_dim: int | None
     action_dim: int | None
     dataset_identity: dict[str, Any] | None  # source, dataset name and sizes (checked between the two PhyB stages)
+    evaluation_environment: str | None       # the environment the policy is evaluated in; None: no environment
+    ref_min_return: float | None             # D4RL reference returns (random, expert) of the normalised score
+    ref_max_return: float | None
 
     def training_transitions(self) -> dict[str, Tensor]: ...
+
+    def make_env(self) -> Any: ...

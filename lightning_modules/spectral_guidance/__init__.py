@@ -13,6 +13,7 @@ import sys
 
 
 def __getattr__(name: str):
-    """Class paths written before the per-paper folders (``lightning_modules.spectral_guidance.<Class>``) keep resolving
-    to ``lightning_modules.spectral_guidance.spectral_guidance``, lazily and with a FutureWarning."""
+    """A name of ``spectral_guidance.py`` resolved lazily from its folder
+    (``lightning_modules.spectral_guidance.<Name>``): the class paths of the flat layout before the per-paper folders,
+    and the ones jsonargparse writes (the shortest)."""
     return sys.modules["lightning_modules"].moved_attribute(__name__, name)

@@ -141,9 +141,9 @@ class ClassUnlearning(ImageClassifier):
 
     def setup(self, stage: str) -> None:
         super().setup(stage)  # init_from
-        data_forget = self.data_value(UnlearningData, "forget_class", self.forget_class)
-        if data_forget != self.forget_class:
-            raise UserInputError(f"model.forget_class={self.forget_class} but data.forget_class={data_forget}: "
+        data = self.attached_data(UnlearningData)
+        if data is not None and data.forget_class != self.forget_class:
+            raise UserInputError(f"model.forget_class={self.forget_class} but data.forget_class={data.forget_class}: "
                                  "set both to the class you want to unlearn.")
         reference_from = self.hparams.reference_from
         if reference_from is not None and stage in ("fit", "validate") and not self.checkpoint_being_restored():
