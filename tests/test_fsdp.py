@@ -179,7 +179,7 @@ class FixedBatches(LightningDataModule):
     def train_dataloader(self):
         from datamodules.paralinguistic_speech import collate_spoken_questions
 
-        epoch = self.trainer.current_epoch if self.kind != "dpo" else 0
+        epoch = self.trainer.current_epoch if self.kind not in ("dpo", "alm") else 0
         rows = slice(None) if self.rank is None else slice(2 * self.rank, 2 * self.rank + 2)
         if self.kind == "grpo":
             batches = [collate_prompts([{"prompt_id": p, "prompt": f"{p}+{p}=", "answers": ["0"]}
@@ -210,6 +210,14 @@ def build(kind: str):
 
         model = SupervisedWarmup(TinyGPT(vocab_size=TOKENIZER.vocab_size, n_layer=2, d_model=32, n_head=2,
                                          context_length=24), optimizer=functools.partial(torch.optim.SGD, lr=0.5))
+    elif kind == "alm":  # PCLM stage 2: projectors, mixer and language model train, encoder frozen
+        from lightning_modules.pclm.audio_language_model import AudioLanguageModel, SpeechEncoder, TinyAudioLM
+
+        model = AudioLanguageModel(SpeechEncoder(num_layers=2, width=32, num_heads=2, n_mels=40, hop_length=320),
+                                   TinyAudioLM(vocab_size=64, num_layers=2, width=32, num_heads=2, context_length=64),
+                                   pclm=True, pclm_layers=[1, 2], projector_hidden=32, mixer_hidden=16,
+                                   train_parts=["projector", "mixer", "language_model"],
+                                   optimizer=functools.partial(torch.optim.SGD, lr=0.5))
     else:
         from lightning_modules.pclm.audio_dpo import AudioDPO
         from lightning_modules.pclm.audio_language_model import SpeechEncoder, TinyAudioLM
@@ -260,7 +268,7 @@ def fit(kind: str, rank: int | None, epochs: int, ckpt_path=None, save_to=None):
             "fsdp_units": sum(isinstance(m, FSDPModule) for m in model.modules())}
 
 
-EPOCHS = {"grpo": 2, "sft": 2, "dpo": 2}
+EPOCHS = {"grpo": 2, "sft": 2, "dpo": 2, "alm": 2}
 
 
 def worker(out: str) -> None:
@@ -318,11 +326,12 @@ def test_two_process_fully_sharded_training_equals_one_process_and_resumes(tmp_p
             assert sharded["steps"] == reference["steps"], (kind, sharded["steps"], reference["steps"])
             different = [k for k, v in reference["weights"].items() if not _close(sharded["weights"][k], v)]
             assert not different, f"{kind}, rank {rank}: weights differ from one process: {different[:4]}"
-        # GRPO logs each rank's share of the loss (sum over ranks); SFT the global loss; DPO each half's mean
-        combine = {"grpo": sum, "sft": lambda v: v[0], "dpo": lambda v: sum(v) / len(v)}[kind]
+        # GRPO logs each rank's share of the loss (sum over ranks); SFT the global loss; DPO and PCLM each half's mean
+        mean = lambda v: sum(v) / len(v)  # noqa: E731
+        combine = {"grpo": sum, "sft": lambda v: v[0], "dpo": mean, "alm": mean}[kind]
         sharded_losses = torch.tensor([combine(step) for step in got[0][kind]["losses"]])
         one_losses = torch.tensor([step[0] for step in reference["losses"]])
-        assert len(one_losses) == epochs * (2 if kind == "dpo" else 1)
+        assert len(one_losses) == epochs * (2 if kind in ("dpo", "alm") else 1)
         assert bool((one_losses != 0).all()) and _close(sharded_losses, one_losses), (kind, sharded_losses, one_losses)
         assert kind != "sft" or got[0][kind]["losses"] == got[1][kind]["losses"]
     for rank in range(2):  # resuming from the sharded checkpoint continues the run exactly

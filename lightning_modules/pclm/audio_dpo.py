@@ -28,11 +28,8 @@ projectors and mixer are frozen in DPO, so the reference's audio tokens are the 
 policy after ``init_from`` is loaded unless the checkpoint already had one (continuing a DPO run).
 
 Fully sharded training (FSDP2 through Lightning's ``ModelParallelStrategy``, configs/trainer/fsdp.yaml; fsdp_cpu.yaml
-for 2 CPU processes): ``configure_model`` applies ``fully_shard`` to every transformer block of the language model,
-of the frozen reference and of the audio encoder, then to each of their roots (the language models' ``embed`` and
-``logits`` registered as forward methods), and to the projectors and the mixer
-(`lightning_modules.shared.tiny_gpt.fully_shard_model`): a part left unsharded under this strategy would not have its
-gradients averaged over the ranks. The random wrong option of ``negatives: random`` is drawn from each rank's own
+for 2 CPU processes): `AudioLanguageModel.configure_model` shards every stage, and DPO adds its frozen reference,
+sharded like the policy's language model. The random wrong option of ``negatives: random`` is drawn from each rank's own
 generator, so a sharded run rejects other (equally random) options than one process does; with two options per
 question, or ``negatives: adversarial`` on incongruent questions, the pairs and the update are the same.
 """
@@ -47,7 +44,6 @@ from torch import nn
 
 from lightning_modules.pclm.audio_language_model import AudioLanguageModel
 from lightning_modules.shared.errors import UserInputError, check_range
-from lightning_modules.shared.tiny_gpt import fully_shard_model, picklable_hyperparameters, sharding_mesh
 
 
 def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, reference_chosen: torch.Tensor,
@@ -111,22 +107,9 @@ class AudioDPO(AudioLanguageModel):
         self.reference_language_model.eval()
         return self
 
-    def configure_model(self) -> None:
-        """FSDP2 under ModelParallelStrategy: every block, then each root, of the policy and reference language
-        models and of the encoder; the projectors and the mixer as units of their own (module docstring)."""
-        mesh = sharding_mesh(self._trainer, "AudioDPO", generates=False)
-        if mesh is None:
-            return
-        for language_model in (self.language_model, self.reference_language_model):
-            fully_shard_model(language_model, mesh, forward_methods=("embed", "logits"))
-        fully_shard_model(self.encoder, mesh)
-        for part in (self.projector, *self.layer_projectors.values(), self.mixer):
-            if part is not None:
-                fully_shard_model(part, mesh)
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        super().on_save_checkpoint(checkpoint)
-        picklable_hyperparameters(checkpoint)
+    def sharded_language_models(self) -> list[nn.Module]:
+        """Under FSDP2 the frozen reference is sharded like the policy (`AudioLanguageModel.configure_model`)."""
+        return [self.language_model, self.reference_language_model]
 
     def reference_logprobs(self, batch: dict) -> torch.Tensor:
         """Option log-probabilities of the frozen reference under the same prompt and audio."""

@@ -89,7 +89,7 @@ from torchmetrics import Metric
 from lightning_modules.shared.base import PaperModule
 from lightning_modules.shared.data_contract import SpokenQuestionData
 from lightning_modules.shared.errors import UserInputError, check_range
-from lightning_modules.shared.tiny_gpt import Block
+from lightning_modules.shared.tiny_gpt import Block, fully_shard_model, picklable_hyperparameters, sharding_mesh
 
 log = logging.getLogger(__name__)
 PARTS = ("encoder", "projector", "mixer", "language_model")
@@ -575,6 +575,29 @@ class AudioLanguageModel(PaperModule):
             log.warning("PCLM: per-layer projectors %s cloned from the loaded final-layer projector", cloned)
             report["cloned_projectors"] = cloned
         return report
+
+    def configure_model(self) -> None:
+        """FSDP2 under Lightning's ``ModelParallelStrategy`` (configs/trainer/fsdp.yaml): every transformer block,
+        then the root, of the language model (its ``embed`` and ``logits`` registered as forward methods) and of
+        the encoder; the projectors and the mixer as units of their own. A part left unsharded under this strategy
+        would not have its gradients averaged over the ranks. Nothing happens under any other strategy."""
+        mesh = sharding_mesh(self._trainer, type(self).__name__, generates=False)
+        if mesh is None:
+            return
+        for language_model in self.sharded_language_models():
+            fully_shard_model(language_model, mesh, forward_methods=("embed", "logits"))
+        fully_shard_model(self.encoder, mesh)
+        for part in (self.projector, *self.layer_projectors.values(), self.mixer):
+            if part is not None:
+                fully_shard_model(part, mesh)
+
+    def sharded_language_models(self) -> list[nn.Module]:
+        """The language models `configure_model` shards (DPO adds its frozen reference)."""
+        return [self.language_model]
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        picklable_hyperparameters(checkpoint)
 
     def train(self, mode: bool = True):
         """Frozen encoder always in eval mode (no dropout), whatever Lightning switches."""
