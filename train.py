@@ -27,7 +27,7 @@ from lightning.pytorch.callbacks import ProgressBar  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI  # noqa: E402
 
 from callbacks.progress import default_progress_bar  # noqa: E402
-from icml26 import checkpoints  # noqa: E402
+from icml26 import checkpoints, run_files  # noqa: E402
 from icml26.collection import __version__, import_collection, quiet_lightning_chatter, resolve_config_paths  # noqa
 from icml26.commands import COMMANDS, overview, run_command  # noqa: E402
 from icml26.parse_errors import CollectionArgumentParser, explain_run_error, find_user_error  # noqa: E402
@@ -86,7 +86,7 @@ class CollectionCLI(LightningCLI):
                 and not any(isinstance(callback, ProgressBar) for callback in configured) \
                 and "callbacks" not in self.trainer_defaults:
             self.trainer_defaults = {**self.trainer_defaults, "callbacks": [default_progress_bar()]}
-        return with_failed_run_cleanup(super().instantiate_trainer(**kwargs))
+        return run_files.with_checkpoint_run_folders(with_failed_run_cleanup(super().instantiate_trainer(**kwargs)))
 
     def before_fit(self) -> None:
         checkpoints.check_checkpoint_fits_model(self.resume, self.model)
@@ -94,10 +94,12 @@ class CollectionCLI(LightningCLI):
     before_validate = before_test = before_predict = before_fit
 
     def after_fit(self) -> None:
-        """Say where the run's checkpoints went (rank 0 only)."""
+        """Say where the run's checkpoints, logs, plots and tables went (rank 0 only; `icml26.run_files`)."""
         if self.trainer.is_global_zero:
-            for line in checkpoints.written_checkpoints(self.trainer):
+            for line in run_files.run_summary(self.trainer):
                 print(line)
+
+    after_validate = after_test = after_fit
 
 
 CLI_KWARGS = dict(

@@ -183,8 +183,9 @@ class ScriptedScores(LightningModule):
 
 @functools.cache
 def checkpoint_writers() -> dict[str, str]:
-    """``{checkpoint path: quick config}`` for the ``best.ckpt``/``last.ckpt`` each quick config writes (read
-    from the file, its ``${...}`` interpolations resolved as the CLI's omegaconf mode does)."""
+    """``{checkpoint path: quick config}`` for the ``best.ckpt``/``last.ckpt`` each quick config writes, named
+    through the ``<dirpath>/latest`` link to its newest finished fit (`icml26.run_files`; read from the file, its
+    ``${...}`` interpolations resolved as the CLI's omegaconf mode does)."""
     from omegaconf import OmegaConf
 
     writers = {}
@@ -196,7 +197,7 @@ def checkpoint_writers() -> dict[str, str]:
             if not callback.get("class_path", "").endswith("ModelCheckpoint") or not args.get("dirpath"):
                 continue
             if args.get("filename") in ("best", "last"):
-                writers[f"{args['dirpath']}/{args['filename']}.ckpt"] = config
+                writers[f"{args['dirpath']}/latest/{args['filename']}.ckpt"] = config
             if args.get("save_last"):
-                writers[f"{args['dirpath']}/last.ckpt"] = config
+                writers[f"{args['dirpath']}/latest/last.ckpt"] = config
     return writers

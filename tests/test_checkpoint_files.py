@@ -1,5 +1,6 @@
 """The checkpoint files a fit leaves: ``best.ckpt`` (the best validation of the run) and ``last.ckpt`` (the end of
-the run), under fixed names that a second run of the same config overwrites.
+the run), under fixed names in the run's own ``<dirpath>/version_<N>`` folder, with ``<dirpath>/latest`` naming the
+newest finished run (`icml26.run_files`; failures and resuming: ``tests/test_run_folders.py``).
 
 Lightning's ``save_last=True`` on a monitored ModelCheckpoint copies ``last.ckpt`` only when a top-k checkpoint is
 saved at the same step, so with ``save_top_k: 1`` it holds the best epoch, not the last one, and resuming from it
@@ -74,7 +75,7 @@ def _same_weights(state: dict, model: LightningModule) -> bool:
 
 
 # ================================================================================================ files of a fit
-def test_last_is_the_end_of_the_run_and_a_second_run_replaces_both_files(tmp_path):
+def test_last_is_the_end_of_the_run_and_a_second_run_keeps_the_first(tmp_path):
     overlay = _first_validation_is_best(CONFIG, tmp_path)
     root = tmp_path / "run"
     folder = Path(os.path.realpath(root / "checkpoints" / "quick"))  # ModelCheckpoint reports real paths
@@ -82,24 +83,33 @@ def test_last_is_the_end_of_the_run_and_a_second_run_replaces_both_files(tmp_pat
     first, printed = _fit(root, overlay, "--trainer.max_epochs=3", "--seed_everything=1")
     steps_per_epoch = first.trainer.global_step // 3
     assert steps_per_epoch > 0
-    assert sorted(p.name for p in folder.iterdir()) == ["best.ckpt", "last.ckpt"]
-    best, last = _read(folder / "best.ckpt"), _read(folder / "last.ckpt")
+    assert sorted(p.name for p in folder.iterdir()) == ["latest", "version_0"]
+    assert os.readlink(folder / "latest") == "version_0"
+    run = folder / "version_0"
+    assert sorted(p.name for p in run.iterdir()) == ["best.ckpt", "last.ckpt"]
+    best, last = _read(run / "best.ckpt"), _read(run / "last.ckpt")
     assert (best["epoch"], best["global_step"]) == (0, steps_per_epoch)  # the first validation
     assert (last["epoch"], last["global_step"]) == (2, first.trainer.global_step)  # the end, not the best epoch
     assert _same_weights(last["state_dict"], first.model)
     assert not _same_weights(best["state_dict"], first.model)
-    # train.py names both files, each once, the best with its score
-    assert [line for line in printed.splitlines() if " checkpoint: " in line] == [
-        f"best checkpoint: {folder / 'best.ckpt'} (step = {steps_per_epoch})",
-        f"last checkpoint: {folder / 'last.ckpt'}"], printed
+    # train.py names both files, each once, the best with its score, and the link it moved
+    assert [line for line in printed.splitlines() if " checkpoint: " in line or line.startswith("latest run:")] == [
+        f"best checkpoint: {run / 'best.ckpt'} (step = {steps_per_epoch})",
+        f"last checkpoint: {run / 'last.ckpt'}",
+        f"latest run: {folder / 'latest'} -> version_0"], printed
 
     second, _ = _fit(root, overlay, "--trainer.max_epochs=2", "--seed_everything=2")
-    assert sorted(p.name for p in folder.iterdir()) == ["best.ckpt", "last.ckpt"]  # no last-v1.ckpt, no best-v1.ckpt
-    best_again, last_again = _read(folder / "best.ckpt"), _read(folder / "last.ckpt")
+    assert sorted(p.name for p in folder.iterdir()) == ["latest", "version_0", "version_1"]
+    assert os.readlink(folder / "latest") == "version_1"
+    assert sorted(p.name for p in (folder / "version_1").iterdir()) == ["best.ckpt", "last.ckpt"]  # no -v1 files
+    best_again, last_again = _read(folder / "latest" / "best.ckpt"), _read(folder / "latest" / "last.ckpt")
     assert (last_again["epoch"], last_again["global_step"]) == (1, second.trainer.global_step)
     assert _same_weights(last_again["state_dict"], second.model)
     assert best_again["epoch"] == 0  # the second run's first epoch, not the first run's (another seed)
     assert not _same_state(best_again["state_dict"], best["state_dict"])
+    kept = _read(run / "last.ckpt")  # the first run's files are still there, unchanged
+    assert (kept["epoch"], kept["global_step"]) == (2, first.trainer.global_step)
+    assert _same_state(kept["state_dict"], last["state_dict"])
 
 
 @pytest.mark.slow
@@ -110,7 +120,7 @@ def test_resuming_from_last_after_an_interruption_equals_an_uninterrupted_fit(tm
     common = ["--seed_everything=7", "--trainer.deterministic=true"]
     straight, _ = _fit(tmp_path / "straight", overlay, *common, "--trainer.max_epochs=4")
     interrupted, _ = _fit(tmp_path / "interrupted", overlay, *common, "--trainer.max_epochs=2")
-    folder = tmp_path / "interrupted" / "checkpoints" / "quick"
+    folder = tmp_path / "interrupted" / "checkpoints" / "quick" / "latest"  # the documented path
     assert _read(folder / "best.ckpt")["epoch"] == 0  # the best epoch lies before the interruption
     # a deterministic resume from an earlier epoch would end with the same weights after redoing the epochs in
     # between, so the weights below do not show where it resumed: this does
@@ -119,6 +129,7 @@ def test_resuming_from_last_after_an_interruption_equals_an_uninterrupted_fit(tm
         "last.ckpt does not hold the state at the interruption"
     resumed, _ = _fit(tmp_path / "interrupted", overlay, *common, "--trainer.max_epochs=4",
                       f"--ckpt_path={folder / 'last.ckpt'}")
+    assert os.readlink(folder) == "version_0" and not (folder.parent / "version_1").exists()  # the same run
 
     assert resumed.trainer.global_step == straight.trainer.global_step > interrupted.trainer.global_step
     expected, got = straight.model.state_dict(), resumed.model.state_dict()

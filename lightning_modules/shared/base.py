@@ -54,7 +54,8 @@ def read_checkpoint(path: str, trusted: bool = False, what: str = "checkpoint") 
     """
     if not os.path.isfile(path):
         raise UserInputError(f"{what} '{path}' does not exist (or is not a file). Check the path; "
-                             "checkpoints are written under <default_root_dir>/.../checkpoints/*.ckpt.")
+                             "a fit writes <dirpath>/version_<N>/*.ckpt and links the newest finished run as "
+                             "<dirpath>/latest/.")
     with open(path, "rb") as handle:
         head = handle.read(4)
     # torch.save writes a zip archive (torch >= 1.6) or, in the legacy format, a pickle (protocol 2+ starts with
