@@ -37,7 +37,6 @@ import importlib
 import inspect
 import json
 import logging
-import math
 import os
 import sys
 import tempfile
@@ -390,42 +389,13 @@ def _kept(run: Run, metrics: dict) -> dict[str, float]:
 
 # ------------------------------------------------------------------------------------------- statistics
 def paired(per_seed: list[dict], baseline: str, metrics: list[str]) -> dict:
-    """``{"<arm> - <baseline>": {metric: {"mean", "lo", "hi", "n"}}}``: the mean over seeds of the per-seed
-    difference and its 95% Student-t interval (``lo``/``hi`` None with fewer than 2 seeds)."""
-    from scipy import stats
+    """``{"<arm> - <baseline>": {metric: {"mean", "lo", "hi", "n"}}}``: `icml26.paired.paired_block` over the
+    metrics some run measured (the mean over seeds of the per-seed difference and its 95% Student-t interval;
+    ``lo``/``hi`` None with fewer than 2 seeds)."""
+    from icml26.paired import paired_block
 
-    arms = list(dict.fromkeys(arm for row in per_seed for arm in row))
-    out = {}
-    for arm in arms:
-        if arm == baseline:
-            continue
-        cells = {}
-        for metric in metrics:
-            diffs = [row[arm][metric] - row[baseline][metric] for row in per_seed
-                     if metric in row.get(arm, {}) and metric in row.get(baseline, {})]
-            if not diffs:
-                continue
-            n = len(diffs)
-            mean = sum(diffs) / n
-            if n < 2:
-                lo = hi = None
-            else:
-                sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
-                half = float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
-                lo, hi = mean - half, mean + half
-            cells[metric] = {"mean": mean, "lo": lo, "hi": hi, "n": n}
-        if cells:
-            out[f"{arm} - {baseline}"] = cells
-    return out
-
-
-def paired_table(pairs: dict, digits: int = 3) -> str:
-    lines = ["| difference | metric | mean | 95% interval | n |", "|---|---|---|---|---|"]
-    for name, cells in pairs.items():
-        for metric, c in cells.items():
-            interval = "-" if c["lo"] is None else f"[{c['lo']:.{digits}f}, {c['hi']:.{digits}f}]"
-            lines.append(f"| {name} | {metric} | {c['mean']:.{digits}f} | {interval} | {c['n']} |")
-    return "\n".join(lines)
+    measured = {m for row in per_seed for cells in row.values() if isinstance(cells, dict) for m in cells}
+    return paired_block(per_seed, baseline, [m for m in metrics if m in measured])
 
 
 # ------------------------------------------------------------------------------------------- the experiment
@@ -517,6 +487,8 @@ def run_experiment(name: str, *, smoke: bool = False, seeds: int | None = None, 
         for variant_name, table in result[group].items():
             print(f"\n{group}: {variant_name}\n{kit.markdown_table(table)}")
     if result.get("paired"):
+        from icml26.paired import paired_table
+
         print("\n" + paired_table(result["paired"]))
     print(f"\nwall {wall:.0f} s ({spec.seeds} seeds); wrote {out / f'{stem}.json'}")
     return result
@@ -535,8 +507,9 @@ def _shown(flags: list[str], fit: bool) -> list[str]:
 # ------------------------------------------------------------------------------------------- command line
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="icml26 experiment",
-                                description="Run a paper's experiment from configs/<NAME>/experiment.yaml.")
-    p.add_argument("name", help="the paper (a folder of configs/ with an experiment.yaml)")
+                                description="Run a paper's experiment from configs/<NAME>/experiment.yaml "
+                                            "(or, where a paper has none yet, its experiments/<NAME>.py).")
+    p.add_argument("name", help="the paper (a folder of configs/; icml26 papers lists them)")
     p.add_argument("--smoke", action="store_true", help="the experiment's smoke overlay: tiny sizes, seconds")
     p.add_argument("--seeds", type=int, default=None, help="number of seeds 0..N-1 (default: the experiment's)")
     p.add_argument("--out", default=str(kit.RESULTS), help="folder for <NAME>.json and <NAME>.png")
@@ -584,9 +557,32 @@ def check(name: str, result_path: Path) -> int:
     return 0 if verdict == "held" else 1
 
 
+def script_argv(args: argparse.Namespace) -> list[str]:
+    """The flags of a paper whose experiment is still a script (``experiments/<NAME>.py`` with its own ``main``,
+    no experiment.yaml yet): --smoke, --seeds and --out mean the same there; the runner-only flags do not exist."""
+    unsupported = [flag for flag, given in (("--set", args.set), ("--keep-runs", args.keep_runs),
+                                            ("--name", args.name_)) if given]
+    if unsupported:
+        raise ExperimentError(f"{', '.join(unsupported)}: only for experiments in configs/<NAME>/experiment.yaml; "
+                              f"'{args.name}' is a script: python -m experiments.{args.name} --help lists its flags")
+    return [*(["--smoke"] if args.smoke else []), *(["--seeds", str(args.seeds)] if args.seeds is not None else []),
+            "--out", str(args.out)]
+
+
 def experiment_command(argv: list[str]) -> int:
-    """``icml26 experiment ...`` / ``python -m experiments ...``; returns the exit code."""
+    """``icml26 experiment ...`` / ``python -m experiments ...``; returns the exit code. A paper without an
+    experiment.yaml runs its script's ``main`` with the same --smoke / --seeds / --out."""
     args = parser().parse_args(argv)
+    if not experiment_path(args.name).is_file() and (kit.REPO_ROOT / "experiments" / f"{args.name}.py").is_file():
+        try:
+            script = importlib.import_module(f"experiments.{args.name}")
+            if not hasattr(script, "main"):
+                raise ExperimentError(f"experiments/{args.name}.py has no main(): not an experiment")
+            script.main(script_argv(args))
+        except ExperimentError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        return check(args.name, Path(args.out) / f"{args.name}.json") if args.check else 0
     try:
         run_experiment(args.name, smoke=args.smoke, seeds=args.seeds, out=args.out, keep_runs=args.keep_runs,
                        overrides=_parse_set(args.set), result_name=args.name_)

@@ -22,9 +22,13 @@ A **compare** check tests ``left <op> scale * right + offset``; ``left`` and ``r
 (lists of keys; list indices as integers) into the JSON, ``op`` one of ``<, <=, >, >=``.
 
 Verdicts, strongest first: ``held`` (every paired interval clears the margin in the claimed direction and every
-compare passes), ``within seed noise`` (the mean difference does, but its interval does not, or there is only one
-seed), ``no per-seed values`` (the JSON has no per-seed values for a paired check, so nothing is guessed) and
-``not held``. A card's verdict is its weakest check's.
+compare passes), ``within seed noise`` (an interval contains the margin, whichever side its mean is on, or there is
+only one seed and so no interval), ``no per-seed values`` (the JSON has no per-seed values for a paired check, so
+nothing is guessed) and ``not held`` (an interval lies wholly on the wrong side of the margin, or a compare fails).
+A card's verdict is its weakest check's. A compare check has no interval: use it for a documented threshold or for
+figures measured once (say so in its label), and a paired check wherever the result has per-seed values.
+
+Each result JSON also carries the intervals themselves as its ``"paired"`` block (`icml26.paired`).
 """
 from __future__ import annotations
 
@@ -112,13 +116,17 @@ def paired_interval(differences: Sequence[float], confidence: float = 0.95) -> t
 
 
 def paired_verdict(mean: float, lo: float, hi: float, n: int, direction: str, margin: float = 0.0) -> str:
-    """``held`` if the interval clears ``margin`` in ``direction``; ``within seed noise`` if only the mean does."""
-    sign = 1.0 if direction == "greater" else -1.0
-    if n >= 2 and (lo if sign > 0 else -hi) > margin:
-        return HELD
-    if sign * mean > margin:
+    """The verdict by the interval alone: ``held`` where it clears ``margin`` in ``direction``, ``not held`` where it
+    lies wholly on the other side of ``margin``, ``within seed noise`` where it contains ``margin`` or where one seed
+    gives no interval (``mean`` is kept for the signature: the side of the mean decides nothing)."""
+    if n < 2:
         return NOISE
-    return NOT_HELD
+    low, high = (lo, hi) if direction == "greater" else (-hi, -lo)
+    if low > margin:
+        return HELD
+    if high < margin:
+        return NOT_HELD
+    return NOISE
 
 
 # ---------------------------------------------------------------------------------------------- JSON access

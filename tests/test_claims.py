@@ -40,16 +40,20 @@ def test_paired_interval_two_seeds_and_degenerate_cases():
 @pytest.mark.parametrize("mean, lo, hi, n, direction, margin, expected", [
     (2.0, 0.5, 3.5, 3, "greater", 0.0, HELD),
     (2.0, -0.5, 4.5, 3, "greater", 0.0, NOISE),  # right side, interval includes zero
-    (-2.0, -4.5, 0.5, 3, "greater", 0.0, NOT_HELD),  # wrong side
+    (-2.0, -4.5, 0.5, 3, "greater", 0.0, NOISE),  # mean on the wrong side, interval includes zero: noise too
+    (-2.0, -3.5, -0.5, 3, "greater", 0.0, NOT_HELD),  # the interval is wholly on the wrong side
     (-2.0, -3.5, -0.5, 3, "less", 0.0, HELD),
     (-2.0, -4.5, 0.5, 3, "less", 0.0, NOISE),
     (2.0, math.nan, math.nan, 1, "greater", 0.0, NOISE),  # one seed: never more than within noise
+    (-2.0, math.nan, math.nan, 1, "greater", 0.0, NOISE),  # ... nor less: one seed has no interval
     (0.2, 0.1, 0.3, 3, "greater", 0.05, HELD),
     (0.2, 0.04, 0.3, 3, "greater", 0.05, NOISE),  # clears zero but not the margin
-    (0.04, 0.01, 0.07, 3, "greater", 0.05, NOT_HELD),  # the mean is below the margin
+    (0.04, 0.01, 0.07, 3, "greater", 0.05, NOISE),  # the interval contains the margin
+    (0.03, 0.01, 0.045, 3, "greater", 0.05, NOT_HELD),  # the interval is wholly below the margin
     (-0.005, -0.008, -0.002, 3, "greater", -0.01, HELD),  # non-inferiority: no worse than 0.01
     (-0.2, -0.3, -0.1, 3, "less", 0.05, HELD),
-    (0.0, -1.0, 1.0, 3, "greater", 0.0, NOT_HELD),  # a zero mean is not in the claimed direction
+    (0.0, -1.0, 1.0, 3, "greater", 0.0, NOISE),
+    (0.0, 0.0, 0.0, 3, "greater", 0.0, NOISE),  # no spread, exactly at the margin
 ])
 def test_paired_verdict(mean, lo, hi, n, direction, margin, expected):
     assert paired_verdict(mean, lo, hi, n, direction, margin) == expected

@@ -176,3 +176,17 @@ def test_help_lists_the_flags(capsys):
     text = capsys.readouterr().out
     for flag in ("--smoke", "--seeds", "--out", "--check"):
         assert flag in text
+
+
+def test_a_paper_whose_experiment_is_still_a_script_runs_it_with_the_same_flags(monkeypatch, tmp_path):
+    """``icml26 experiment NAME`` for every paper: without an experiment.yaml the script's main gets --smoke,
+    --seeds and --out; flags only the runner has are refused in one line."""
+    import experiments.tamed_sgd as script
+
+    calls = []
+    monkeypatch.setattr(script, "main", lambda argv: calls.append(argv), raising=True)
+    assert not runner.experiment_path("tamed_sgd").is_file()
+    assert runner.experiment_command(["tamed_sgd", "--smoke", "--seeds", "2", "--out", str(tmp_path)]) == 0
+    assert calls == [["--smoke", "--seeds", "2", "--out", str(tmp_path)]]
+    assert runner.experiment_command(["tamed_sgd", "--set", "trainer.max_steps=3"]) == 2
+    assert len(calls) == 1
