@@ -15,8 +15,9 @@ from scipy.stats import multivariate_normal, norm
 from callbacks.concept_interventions import ConceptInterventions, check_groups, unit_order
 from conftest import config_path, run_cli
 from datamodules.concepts import ConceptDataModule, cub_concept_groups, synthetic_data
-from lightning_modules.ec_cem.concept_models import (CEM, ECCEM, EviCEM, GaussianCopula, bivariate_normal_cdf,
-                                              conditional_concept_probs, normal_icdf, pairwise_log_likelihood)
+from lightning_modules.ec_cem.concept_models import (CEM, ECCEM, EXP_EVIDENCE_MAX, EviCEM, GaussianCopula,
+                                                     bivariate_normal_cdf, conditional_concept_probs, evidence,
+                                                     normal_icdf, pairwise_log_likelihood)
 from lightning_modules.shared.errors import UserInputError
 
 QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
@@ -151,6 +152,41 @@ def test_evidential_loss_and_misleading_evidence_kl_on_hand_values():
     torch.testing.assert_close(outputs["probs"], outputs["alpha"] / (outputs["alpha"] + outputs["beta"]))
     assert (outputs["alpha"] >= 1).all() and (outputs["beta"] >= 1).all()
     torch.testing.assert_close(model.concept_uncertainty(outputs), 2 / (outputs["alpha"] + outputs["beta"]))
+
+
+def test_evidence_activations_on_hand_values():
+    pre = torch.tensor([-2.0, 0.0, 3.0, 1e4])
+    torch.testing.assert_close(evidence(pre, "relu"), torch.tensor([0.0, 0.0, 3.0, 1e4]))
+    torch.testing.assert_close(evidence(pre, "softplus"), torch.log1p(pre.clamp(max=50).exp()).where(pre < 50, pre))
+    exp = evidence(pre, "exp")
+    torch.testing.assert_close(exp[:3], pre[:3].exp())
+    assert exp[3].item() == pytest.approx(math.exp(EXP_EVIDENCE_MAX), rel=1e-5)    # clamped: finite, no overflow
+    with pytest.raises(UserInputError, match="evidence_activation='sigmoid'"):
+        small(EviCEM, evidence_activation="sigmoid")
+
+
+@pytest.mark.parametrize("cls", [EviCEM, ECCEM])
+def test_default_evidence_head_keeps_a_gradient_when_every_pre_activation_is_negative(cls):
+    """The evi-CEM code's ReLU evidence: with w_a^T ctx <= 0 for every input alpha = 1 and no gradient reaches the
+    head again (a concept predicted 0 for good); the default (softplus) still pulls alpha up on positive concepts."""
+    torch.manual_seed(0)
+    x, c = torch.randn(32, 4), torch.ones(32, 3)
+
+    def alpha_head_grad(model) -> float:
+        with torch.no_grad():   # alpha pre-activation -3 for every input and concept
+            model.alpha_head.weight.zero_()
+            model.alpha_head.bias.fill_(-3.0)
+        out = model.concept_outputs(x)
+        assert (model.alpha_head(out["context"]) < 0).all()
+        model.zero_grad()
+        sum(model.concept_losses(out, c).values()).backward()
+        return model.alpha_head.bias.grad.abs().item()
+
+    default = small(cls)
+    assert default.hparams.evidence_activation == "softplus"
+    assert alpha_head_grad(default) > 1e-3
+    assert alpha_head_grad(small(cls, evidence_activation="exp")) > 1e-3
+    assert alpha_head_grad(small(cls, evidence_activation="relu")) == 0.0
 
 
 @pytest.mark.parametrize(("epochs", "epoch", "weight"), [(10, 0, 0.0), (10, 5, 0.5), (10, 25, 1.0), (0, 0, 1.0)])
@@ -333,3 +369,18 @@ def test_wrong_number_of_concepts_between_model_and_data_is_one_error():
     with pytest.raises(UserInputError, match="num_concepts=4 but the data has num_concepts=6"):
         run_cli("fit", "--config", config_path("configs/ec_cem/quick.yaml"), *QUIET, "--trainer.fast_dev_run=1",
                 "--model.init_args.num_concepts=4")
+
+
+def test_a_checkpoint_from_before_evidence_activation_is_read_only_as_relu():
+    """Old checkpoints were trained with ReLU evidence; reading one as softplus would silently change the model."""
+    import pytest as _pytest
+
+    from lightning_modules.ec_cem.concept_models import EviCEM
+    from lightning_modules.shared.errors import UserInputError
+
+    old = {"hyper_parameters": {"num_concepts": 2, "num_tasks": 2, "input_dim": 2}, "state_dict": {}}
+    with _pytest.raises(UserInputError, match="evidence_activation=relu"):
+        EviCEM(num_concepts=2, num_tasks=2, input_dim=2).on_load_checkpoint(old)
+    EviCEM(num_concepts=2, num_tasks=2, input_dim=2, evidence_activation="relu").on_load_checkpoint(old)
+    EviCEM(num_concepts=2, num_tasks=2, input_dim=2).on_load_checkpoint(
+        {"hyper_parameters": {**old["hyper_parameters"], "evidence_activation": "softplus"}, "state_dict": {}})

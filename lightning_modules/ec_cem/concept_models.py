@@ -15,11 +15,18 @@ RECONSTRUCTION, and every reconstructed choice is a config option:
   RandInt training interventions replace ``p_i`` by the true ``c_i`` with probability 0.25; the code draws the
   mask once per batch and tiles it over the samples (``intervention_mask: batch``; ``sample`` is the option).
 * ``EviCEM`` follows Gao et al., "Evidential Concept Embedding Models" (MICCAI 2024, arXiv 2406.19130, code
-  obiyoag/evi-CEM): Beta evidence per concept ``alpha_i = ReLU(w_a^T ctx_i) + 1``, ``beta_i = ReLU(w_b^T ctx_i) + 1``
+  obiyoag/evi-CEM): Beta evidence per concept ``alpha_i = g(w_a^T ctx_i) + 1``, ``beta_i = g(w_b^T ctx_i) + 1``
   (shared heads, N(0, 1) init), ``p_i = alpha_i / (alpha_i + beta_i)``, uncertainty ``u_i = 2 / (alpha_i + beta_i)``,
   the expected BCE under the Beta ``psi(a + b) - c psi(a) - (1 - c) psi(b)`` and the misleading-evidence KL
   ``KL(Beta(1, x) || Beta(1, 1)) = log x + (1 - x) / x`` (x = beta if c = 1 else alpha), annealed by
-  ``min(1, epoch / annealing_epochs)``.
+  ``min(1, epoch / annealing_epochs)``. The evidence activation ``g`` is ``evidence_activation``: the evi-CEM
+  code uses ``relu`` (``torch.relu(self.alpha_gen(context)) + 1`` in ``models/evi_clm.py``); our default is
+  ``softplus``, one of the evidence functions of evidential deep learning (Sensoy et al., NeurIPS 2018, use ReLU,
+  softplus or exp). Why not ReLU: the heads are shared by all concepts, and when ``w_a^T ctx_i <= 0`` for every
+  input of one concept (it happens within the first epochs on some seeds of XOR and Dot), ``alpha_i = 1`` for good
+  and nothing reaches that pre-activation again, so ``p_i <= 0.5`` and the concept is always predicted 0 (a dead
+  ReLU; the task survives through the embeddings). Softplus and exp keep a gradient for negative pre-activations;
+  ``exp`` is clamped at ``EXP_EVIDENCE_MAX`` so the evidence stays finite.
 * ``ECCEM`` (reconstruction) = evi-CEM marginals + a Gaussian copula over the binary concepts with one global
   correlation matrix ``R = D^-1/2 (L L^T + eps I) D^-1/2`` (free lower-triangular ``L``: positive definite, unit
   diagonal). Latent ``z ~ N(0, R)`` and ``c_i = 1 <=> z_i <= Phi^-1(p_i)``, so ``P(c_i = 1, c_j = 1) =
@@ -55,6 +62,8 @@ from lightning_modules.shared.data_contract import ConceptData
 from lightning_modules.shared.errors import UserInputError, check_range
 
 PROB_EPS = 1e-4   # probabilities are clamped to [eps, 1 - eps] before Phi^-1
+EVIDENCE_ACTIVATIONS = ("softplus", "exp", "relu")
+EXP_EVIDENCE_MAX = 10.0   # exp evidence: pre-activations clamped here (evidence <= e^10 ~ 2.2e4), so it never overflows
 
 
 # ============================================================================================ normal helpers
@@ -250,7 +259,7 @@ class CEM(PaperModule):
             state = read_checkpoint(hp.backbone_weights, what="backbone_weights")["state_dict"]
             load_matching_weights(self.extractor, state, source=f"backbone_weights '{hp.backbone_weights}'")
             self._backbone_loaded = True
-        ratio = self.data_value(ConceptData, "concept_imbalance")
+        ratio = self.data(ConceptData).concept_imbalance
         if stage == "fit" and hp.concept_weighting != "none" and ratio is not None:
             target = self.concept_weight if hp.concept_weighting == "balanced" else self.concept_pos_weight
             target.copy_(torch.as_tensor(ratio, dtype=target.dtype))
@@ -343,15 +352,40 @@ class CEM(PaperModule):
 
 
 # ============================================================================================ evi-CEM
+def evidence(pre_activation: Tensor, activation: str) -> Tensor:
+    """Non-negative evidence from a head's pre-activation: ``relu`` (the evi-CEM code), ``softplus`` or ``exp``
+    (clamped at ``EXP_EVIDENCE_MAX``), the evidence functions of Sensoy et al. (NeurIPS 2018)."""
+    if activation == "relu":
+        return F.relu(pre_activation)
+    if activation == "softplus":
+        return F.softplus(pre_activation)
+    return torch.exp(pre_activation.clamp(max=EXP_EVIDENCE_MAX))
+
+
 class EviCEM(CEM):
     """Evidential CEM (see the module docstring). Extra args: ``annealing_epochs`` of the KL weight
-    min(1, epoch / annealing_epochs) (0: weight 1 from the start) and ``kl_weight`` (1 in the code)."""
+    min(1, epoch / annealing_epochs) (0: weight 1 from the start), ``kl_weight`` (1 in the code) and
+    ``evidence_activation``: ``softplus`` (default, our choice), ``exp`` or ``relu`` (the evi-CEM code's, which can
+    leave a concept with no evidence for any input: see the module docstring)."""
 
-    def __init__(self, *args, annealing_epochs: int = 10, kl_weight: float = 1.0, **kwargs) -> None:
+    def __init__(self, *args, annealing_epochs: int = 10, kl_weight: float = 1.0,
+                 evidence_activation: Literal["softplus", "exp", "relu"] = "softplus", **kwargs) -> None:
         super().__init__(*args, **kwargs)
         check_range("annealing_epochs", annealing_epochs, 0)
         check_range("kl_weight", kl_weight, 0.0)
+        if evidence_activation not in EVIDENCE_ACTIVATIONS:
+            raise UserInputError(f"evidence_activation={evidence_activation!r}: choose softplus, exp or relu "
+                                 "(relu is the evi-CEM code's).")
         self.save_hyperparameters()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """A checkpoint written before ``evidence_activation`` existed was trained with ReLU evidence: reading it
+        with another activation would silently change every concept probability, so that is refused."""
+        saved = checkpoint.get("hyper_parameters") or {}
+        if "evidence_activation" not in saved and self.hparams.evidence_activation != "relu":
+            raise UserInputError("this checkpoint predates evidence_activation and was trained with ReLU evidence: "
+                                 "add --model.init_args.evidence_activation=relu to read it as it was trained.")
+        super().on_load_checkpoint(checkpoint)
 
     def build_scoring_head(self, width: int) -> None:
         self.alpha_head, self.beta_head = nn.Linear(width, 1), nn.Linear(width, 1)
@@ -360,8 +394,9 @@ class EviCEM(CEM):
 
     def concept_outputs(self, x: Tensor) -> dict[str, Tensor]:
         ctx = self.context(self.extractor(x)).view(len(x), self.hparams.num_concepts, -1)
-        alpha = F.relu(self.alpha_head(ctx).squeeze(-1)) + 1
-        beta = F.relu(self.beta_head(ctx).squeeze(-1)) + 1
+        activation = self.hparams.evidence_activation
+        alpha = evidence(self.alpha_head(ctx).squeeze(-1), activation) + 1
+        beta = evidence(self.beta_head(ctx).squeeze(-1), activation) + 1
         return {"context": ctx, "alpha": alpha, "beta": beta, "probs": alpha / (alpha + beta)}
 
     def concept_uncertainty(self, out: dict[str, Tensor]) -> Tensor:
