@@ -18,13 +18,15 @@ import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from lightning_modules.shared.data_contract import OfflineRLData, data_view
 from lightning_modules.shared.errors import UserInputError
 
 log = logging.getLogger(__name__)
 
 
 def evaluate(module, env, episodes: int, seed: int, deterministic: bool = False) -> dict[str, float]:
-    """Roll out ``episodes`` episodes at once; returns mean return, its std, Q(s0, a0) and the discounted return."""
+    """Roll out ``episodes`` episodes at once; returns mean return, its std, Q(s0, a0), the discounted return, their
+    mean difference (``q_overestimation``, signed) and the mean per-episode absolute difference (``q_abs_error``)."""
     rng = np.random.default_rng(seed)
     gamma, scale = module.hparams.gamma, module.hparams.reward_scale
     obs = env.reset(episodes, rng)
@@ -50,7 +52,8 @@ def evaluate(module, env, episodes: int, seed: int, deterministic: bool = False)
     torch.set_rng_state(generator_state)
     module.train(was_training)
     return {"return": float(returns.mean()), "return_std": float(returns.std()), "q0": float(q0.mean()),
-            "mc_return": float(discounted.mean()), "q_overestimation": float((q0 - discounted).mean())}
+            "mc_return": float(discounted.mean()), "q_overestimation": float((q0 - discounted).mean()),
+            "q_abs_error": float(np.abs(q0 - discounted).mean())}
 
 
 class OfflineEvaluation(Callback):
@@ -70,11 +73,11 @@ class OfflineEvaluation(Callback):
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         datamodule = trainer.datamodule
-        if not hasattr(datamodule, "make_env") or not hasattr(pl_module, "act"):
+        if not isinstance(datamodule, OfflineRLData) or not hasattr(pl_module, "act"):
             raise UserInputError("OfflineEvaluation needs an OfflineRLDataModule and an OfflineModelBasedRL module.")
         if stage not in ("fit", "validate"):
             return
-        self.active = getattr(datamodule, "evaluation_environment", True) is not None
+        self.active = datamodule.evaluation_environment is not None
         if not self.active:
             monitored = sorted({str(c.monitor) for c in trainer.checkpoint_callbacks
                                 if str(getattr(c, "monitor", None)).startswith("eval/")})
@@ -93,7 +96,7 @@ class OfflineEvaluation(Callback):
         result = evaluate(pl_module, self.env, self.episodes, self.seed, self.deterministic)
         pl_module.log("eval/return", result["return"])
         pl_module.log("eval/q_overestimation", result["q_overestimation"])
-        low = getattr(trainer.datamodule.hparams, "ref_min_return", None)
-        high = getattr(trainer.datamodule.hparams, "ref_max_return", None)
+        data = data_view(OfflineRLData, trainer.datamodule)
+        low, high = data.ref_min_return, data.ref_max_return
         if low is not None and high is not None:
             pl_module.log("eval/normalized_score", 100 * (result["return"] - low) / (high - low))

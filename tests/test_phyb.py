@@ -255,7 +255,7 @@ def test_a_file_dataset_trains_both_stages_without_an_environment(tmp_path, capl
     assert "val/td_error" in cli.trainer.callback_metrics
     assert not [key for key in cli.trainer.callback_metrics if key.startswith("eval/")]
     assert [r for r in caplog.records if "no evaluation environment" in r.getMessage()]
-    assert (tmp_path / "runs/phyb/checkpoints/quick/best.ckpt").is_file()  # monitored val/td_error: it exists
+    assert (tmp_path / "runs/phyb/checkpoints/quick/latest/best.ckpt").is_file()  # monitored val/td_error
 
 
 def test_what_stage_two_needs_is_asked_for_at_the_start(tmp_path):

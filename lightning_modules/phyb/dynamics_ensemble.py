@@ -225,8 +225,8 @@ def check_termination(module, termination: str) -> None:
     """A termination rule of one environment must not be applied to other data: ``currency_exchange`` (the embedded
     CurrencyExchange's ``t' >= 20 or money' < 0.1``) only to ``source=currency_exchange``, ``hopper`` and ``walker2d``
     (MuJoCo health checks on the height and angle) only to observations of their size (11, 17)."""
-    identity = module.data_value(OfflineRLData, "dataset_identity") or {}
-    source, obs_dim = identity.get("source"), module.data_value(OfflineRLData, "obs_dim")
+    identity = module.data(OfflineRLData).dataset_identity or {}
+    source, obs_dim = identity.get("source"), module.data(OfflineRLData).obs_dim
     belongs_to = TERMINATION_SOURCES.get(termination)
     size = TERMINATION_OBS_DIMS.get(termination)
     if (belongs_to is not None and source is not None and source != belongs_to) or (
@@ -296,7 +296,7 @@ class DynamicsEnsemble(RecordsDatasetIdentity, PaperModule):
         super().setup(stage)
         check_termination(self, self.hparams.termination)
         if stage == "fit":
-            self.dataset_identity = self.data_value(OfflineRLData, "dataset_identity", self.dataset_identity)
+            self.dataset_identity = self.data(OfflineRLData).dataset_identity or self.dataset_identity
         data = self.attached_data(OfflineRLData)
         if stage == "fit" and data is not None and not bool(self.ensemble.fitted):
             self.ensemble.set_statistics(data.training_transitions())

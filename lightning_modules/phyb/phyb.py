@@ -1,7 +1,7 @@
 """PhyB: "Regularized Offline Policy Optimization with Posterior Hybrid Bayesian Belief" (Hongqiang Lin, Pengfei Wang,
 Nenggan Zheng; ICML 2026, arXiv 2606.00680), stage 2: offline model-based actor-critic on a pretrained dynamics
-ensemble (`lightning_modules.phyb.dynamics_ensemble`, loaded with ``init_from``). The source is the official code (built on
-PMDB's); every detail below that the code does not fix is a config option, named in brackets.
+ensemble (`lightning_modules.phyb.dynamics_ensemble`, loaded with ``init_from``). The source is the official code (built
+on PMDB's); every detail below that the code does not fix is a config option, named in brackets.
 
 Per training step (everything batched over states, sampled models, next-state samples and candidate actions):
 
@@ -13,7 +13,8 @@ Per training step (everything batched over states, sampled models, next-state sa
    w = pi_ref / proposal; ``Q_i = mean_S [r + gamma (1 - d) V(s')]``.
 2. **Belief target** (``belief_target``): weights w over the N models, target ``y = sum_i w_i Q_i``, and the rollout
    continues from ``sum_i w_i s'_i`` (s'_i = the mean of model i's samples):
-   ``mean`` uniform; ``mopo`` uniform with the reward penalty ``r - mopo_lambda max_i ||sigma_i / output_std||``;
+   ``mean`` uniform; ``mopo`` uniform with the reward penalty ``r - mopo_lambda max_i ||sigma_i / output_std||``
+   (in reward units: ``reward_scale`` multiplies the penalised reward, `model_reward`);
    ``pmdb`` one-hot at the k-th smallest Q_i (``pmdb_k``); ``phyb`` `hybrid_belief_weights`: the ``k_smallest`` models
    of smallest Q (the released code's truncated ``torch.topk`` line, read as ``largest=False``), their Q min-max
    normalised within the subset, ``softmax(hybrid_lambda * q)`` (lambda = -3: lower value, larger weight), scattered
@@ -57,9 +58,10 @@ from torch import Tensor, nn
 
 from lightning_modules.shared.base import PaperModule, _build_from_config
 from lightning_modules.shared.data_contract import OfflineRLData
-from lightning_modules.phyb.dynamics_ensemble import (DATASET_IDENTITY_KEY, TERMINATION_FNS, EnsembleMLP, GaussianEnsemble,
-                                                 RecordsDatasetIdentity, check_batch, check_dataset_identity,
-                                                 check_dims, check_termination, done_probability)
+from lightning_modules.phyb.dynamics_ensemble import (DATASET_IDENTITY_KEY, TERMINATION_FNS, EnsembleMLP,
+                                                      GaussianEnsemble, RecordsDatasetIdentity, check_batch,
+                                                      check_dataset_identity, check_dims, check_termination,
+                                                      done_probability)
 from lightning_modules.shared.errors import UserInputError, check_range
 
 log = logging.getLogger(__name__)
@@ -166,6 +168,7 @@ class OfflineModelBasedRL(RecordsDatasetIdentity, PaperModule):
         belief_target: ``mean`` | ``mopo`` | ``pmdb`` | ``phyb``.
         num_models: N models per state (10); k_smallest: PhyB's subset (5); pmdb_k: PMDB's order statistic (2).
         reward_scale: rewards are multiplied by it in the critic (Q / reward_scale is a return).
+        mopo_lambda: MOPO's penalty weight, in reward units (the penalty is scaled with the reward).
         allow_other_dataset: start from an ensemble checkpoint that recorded another dataset (source, behaviour or
             file name) than the attached one; only for the same data under another name (default False: an error).
     """
@@ -238,7 +241,7 @@ class OfflineModelBasedRL(RecordsDatasetIdentity, PaperModule):
             raise UserInputError(f"init_from '{self.init_from}' holds an ensemble of another size ({bad[0]}); set "
                                  "obs_dim/action_dim/ensemble_* to the checkpoint's or retrain the ensemble.")
         if stage == "fit":
-            current = self.data_value(OfflineRLData, "dataset_identity")
+            current = self.data(OfflineRLData).dataset_identity
             if self.init_from_report is not None and not h.allow_other_dataset:
                 check_dataset_identity(self.init_from_dataset, current, self.init_from)
             self.dataset_identity = current or self.dataset_identity or self.init_from_dataset
@@ -328,6 +331,18 @@ class OfflineModelBasedRL(RecordsDatasetIdentity, PaperModule):
         return torch.where(draw < h.pmdb_fallback_prob, pmdb,
                            torch.where(draw < h.pmdb_fallback_prob + h.random_model_prob, random, hybrid))
 
+    def model_reward(self, normalised_reward: Tensor, std: Tensor) -> Tensor:
+        """The model reward as it enters the critic, ``reward_scale (r - mopo_lambda u)``, [R, N, S]. MOPO (Yu et al.
+        2020, Algorithm 2) penalises in reward units, ``r~ = r - lambda u``, with u = max over the sampled
+        models of ``||sigma_i / output_std||`` (std [R, N, O + 1]); the critic's ``reward_scale`` multiplies the
+        penalised reward, so lambda means the same at every scale (the other targets get no penalty)."""
+        h = self.hparams
+        reward = self.ensemble.raw_reward(normalised_reward)
+        if h.belief_target == "mopo":
+            uncertainty = (std / self.ensemble.output_std).norm(dim=-1).max(-1).values  # [R]
+            reward = reward - h.mopo_lambda * uncertainty[:, None, None]
+        return reward * h.reward_scale
+
     @torch.no_grad()
     def rollout_step(self, dataset_obs: Tensor) -> dict[str, Tensor]:
         """One step of the R parallel model rollouts; appends (s, a, y) to the model buffer."""
@@ -343,10 +358,7 @@ class OfflineModelBasedRL(RecordsDatasetIdentity, PaperModule):
         sample = mu[:, :, None] + std[:, :, None] * torch.randn(*mu.shape[:2], h.next_state_samples, mu.shape[-1],
                                                                 device=self.device)
         next_obs = sample[..., :-1]                                       # [R, N, S, O]
-        reward = self.ensemble.raw_reward(sample[..., -1]) * h.reward_scale
-        if h.belief_target == "mopo":
-            uncertainty = (std / self.ensemble.output_std).norm(dim=-1).max(-1).values  # [R]
-            reward = reward - h.mopo_lambda * uncertainty[:, None, None]
+        reward = self.model_reward(sample[..., -1], std)
         expand = (*next_obs.shape[:-1], -1)
         done = done_probability(self.ensemble, TERMINATION_FNS[h.termination], obs[:, None, None].expand(expand),
                                 act[:, None, None].expand(expand), next_obs)
