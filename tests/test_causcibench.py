@@ -13,7 +13,8 @@ from torch.utils.data import DataLoader
 from datamodules import causal_queries as cq
 from experiments import kit
 from lightning_modules.causcibench import causal_estimators as ce
-from lightning_modules.causcibench.causal_agent import CausalInferenceAgent, parse_method, relative_error, rule_based_method
+from lightning_modules.causcibench.causal_agent import (CausalInferenceAgent, parse_method, relative_error,
+                                                        rule_based_method)
 from lightning_modules.shared.errors import UserInputError
 
 
@@ -161,14 +162,6 @@ def test_synthetic_queries_are_seeded():
     a, b, c = (cq.generate_query("did_twfe", s, rows=300) for s in (4, 4, 5))
     assert a["effect"] == b["effect"] and a["data"].equals(b["data"]) and a["query"] == b["query"]
     assert a["effect"] != c["effect"]
-
-
-# --------------------------------------------------------------------------------------------- real queries
-def test_real_reference_effects_are_recomputed_by_the_reference_method():
-    for name in cq.REAL_QUERIES:
-        query = cq.real_query(name)
-        result = ce.estimate(query["method"], query["data"], ce.Roles(**query["roles"]))
-        assert result.effect == pytest.approx(query["effect"], rel=1e-5), name
 
 
 # --------------------------------------------------------------------------------------------- benchmark files

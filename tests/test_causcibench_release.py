@@ -166,6 +166,26 @@ def test_a_bad_cutoff_is_a_skip(release):
     assert dict(queries.skipped_queries)[1] == "the RDD cutoff 'fifty' is not a number."
 
 
+def test_rdd_specification_fields_are_read_and_reach_the_estimator(release):
+    rng = np.random.default_rng(1)
+    run = rng.uniform(40, 60, 400)
+    won = (run >= 50).astype(float)
+    x = run - 50
+    pd.DataFrame({"score": run, "won": won, "vote": 3.0 * won + 0.1 * x ** 2 - 0.3 * won * x ** 2}).to_csv(
+        release / "real_data" / "curved.csv", index=False)
+    fields = dict(method="rdd", dataset_path="data/real_data/curved.csv", treatment_var="won", outcome_var="vote",
+                  running_var="score", cutoff=50)
+    plain, quadratic = _load(release, [_v1_record(**fields),
+                                       _v1_record(**fields, bandwidth=5.0, kernel="uniform", polynomial=2.0)])
+    assert plain["spec"] == {} and quadratic["spec"] == {"bandwidth": 5.0, "kernel": "uniform", "polynomial": 2}
+    oracle = CausalInferenceAgent(agent="oracle")
+    assert oracle.answer(quadratic)["estimate"] == pytest.approx(3.0)  # the curvature is fitted exactly
+    assert oracle.answer(plain)["estimate"] != pytest.approx(3.0, abs=0.1)  # a line through a parabola is not
+    bad = _load(release, [_v1_record(), _v1_record(**fields, polynomial=7), _v1_record(bandwidth=1.0)])
+    reasons = dict(bad.skipped_queries)
+    assert reasons[1].startswith("polynomial=7") and "ols takes none" in reasons[2]
+
+
 # --------------------------------------------------------------------------------------------- new fields
 def test_interaction_var_is_kept_and_reaches_the_estimator(release):
     (query,) = _load(release, [_v1_record(control_variables="x0, age", interaction_var="female ")])

@@ -28,19 +28,21 @@ of these agents (``agent``):
   synonym in its reply is the method, variables as for ``learned``. A reply without a label is a failure.
 
 Scoring (per query, averaged; torchmetrics means, so they accumulate across batches and processes):
-``method_acc`` = chosen method == reference label (closed set of `lightning_modules.causcibench.causal_estimators.METHODS`);
-relative error ``|est - ref| / |ref|``, with the guard: when ``|ref| < near_zero`` the absolute error is used;
-``mre`` caps each error at ``error_cap`` (default 1, i.e. 100 %) and counts a failure (a method whose variables
-the query lacks, an estimator error, an unparsable LLM reply) as error 1; ``mre_uncapped`` the same without cap;
-``failure_rate``. The paper reports MRE and method-selection accuracy; its handling of failures and caps is not
-stated, so these are our documented choices (configurable).
+``method_acc`` = chosen method == reference label (closed set of
+`lightning_modules.causcibench.causal_estimators.METHODS`); relative error ``|est - ref| / |ref|``, with the guard: when
+``|ref| < near_zero`` the absolute error is used; ``mre`` caps each error at ``error_cap`` (default 1, i.e. 100 %) and
+counts a failure (a method whose variables the query lacks, an estimator error, an unparsable LLM reply) as error 1;
+``mre_uncapped`` the same without cap; ``failure_rate``. The paper reports MRE and method-selection accuracy; its
+handling of failures and caps is not stated, so these are our documented choices (configurable).
 
 Predictions (``train.py predict``): every test query answered as in ``test``, one JSONL row each: query name,
 design, chosen and reference method, effect estimate (null on failure) and reference effect, relative errors
 (capped and uncapped), the failure message and, for the learned selector, its method probabilities.
 
 Deviations: the paper's agents choose the variables themselves; here every agent but forced OLS uses the query's
-variables, so what is compared is the method choice (the paper's bottleneck). No standard errors are scored.
+variables, and an agent whose method is the query's reference method also runs it as the query's ``spec`` fixes
+(e.g. the benchmark's RDD window and polynomial order), so what is compared is the method choice (the paper's
+bottleneck). No standard errors are scored.
 """
 from __future__ import annotations
 
@@ -116,7 +118,8 @@ class CausalInferenceAgent(PaperModule):
         hidden_dim / dropout: the selector MLP.
         error_cap: cap of each query's relative error in ``mre`` (None: no cap).
         near_zero: below this |reference| the absolute error is scored instead of the relative one.
-        rdd_bandwidth: triangular-kernel bandwidth of the RDD estimator (None: every row, uniform weights).
+        rdd_bandwidth: triangular-kernel bandwidth of the RDD estimator (None: the query's own specification,
+            else every row with uniform weights); it overrides the bandwidth and kernel a query fixes.
         llm_path: local folder of the LLM agent (weights and tokenizer, ``save_pretrained``).
         llm_dtype: its dtype (see `HFCausalLM`); max_new_tokens: the reply length.
     """
@@ -255,7 +258,9 @@ class CausalInferenceAgent(PaperModule):
                         from statsmodels.tools.sm_exceptions import SingularMatrixWarning
                         warnings.filterwarnings("ignore", category=SingularMatrixWarning)
                         warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"statsmodels\.")
-                    value = estimate(method, query["data"], roles, rdd_bandwidth=self.hparams.rdd_bandwidth).effect
+                    spec = query.get("spec") if method == query["method"] else None  # written for that method
+                    value = estimate(method, query["data"], roles, rdd_bandwidth=self.hparams.rdd_bandwidth,
+                                     spec=spec).effect
             except EstimationError as err:
                 failure = str(err)
         reference = float(query["effect"])

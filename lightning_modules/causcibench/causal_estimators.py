@@ -26,10 +26,15 @@ that the paper does not fix are documented per function:
   heterogeneous effects TWFE is not; the benchmark's references use it).
 - ``iv``: two-stage least squares (linearmodels ``IV2SLS``), robust standard errors; the encouragement design is
   the same estimator with a binary treatment (LATE).
-- ``rdd``: local-linear regression on each side of the cutoff with a triangular kernel of bandwidth ``bandwidth``
-  (None: every row, equal weights, i.e. a global linear fit with separate slopes), HC1 standard errors. Sharp
-  designs regress on the side indicator; when a treatment column is given and does not equal the side indicator
-  the design is fuzzy and the estimate is the Wald ratio of the outcome jump over the treatment jump.
+- ``rdd``: local-polynomial regression on each side of the cutoff (``polynomial`` order, default 1: separate
+  slopes), rows within ``bandwidth`` of the cutoff weighted by a triangular (default) or uniform ``kernel`` (no
+  bandwidth: every row, equal weights, i.e. a global fit), HC1 standard errors. Sharp designs regress on the side
+  indicator; when a treatment column is given and does not equal the side indicator the design is fuzzy and the
+  estimate is the Wald ratio of the outcome jump over the treatment jump. ``regressor="treatment"`` instead puts
+  the treatment column itself in place of the side indicator (OLS of ``outcome ~ treatment * (x + ... + x^p)``,
+  x the centred running variable), the form of the CauSciBench replications (``replications/real/paper10.py``,
+  ``paper13.py``): the same estimate for a sharp design, and for a treatment that is no threshold of the running
+  variable the treatment coefficient of that regression, not an RDD estimate.
 - ``frontdoor``: the linear front-door formula (Pearl 2009, sec. 3.3.2): (effect of treatment on mediator) x
   (effect of mediator on outcome given treatment), each by OLS with the controls; delta-method standard error.
 - ``glm``: g-computation with a GLM (Binomial/logit for a 0/1 outcome, else Gaussian): mean predicted outcome with
@@ -53,6 +58,9 @@ Two fields of the benchmark's query files reach the estimators through `Roles`:
   are dropped (`arm_indicator`).
 
 ``iv`` accepts several instruments (a list in ``Roles.instrument``; the release writes them as one comma string).
+
+A query may also fix how its method is run (``spec`` of `estimate`, the keys of `SPEC_KEYS`): the real queries
+of `datamodules.causal_queries` carry the benchmark's window, kernel and polynomial order of each RDD.
 """
 from __future__ import annotations
 
@@ -61,7 +69,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lightning_modules.causcibench.causal_methods import METHODS, SYNONYMS, normalise_method  # noqa: F401 (re-exported)
+from lightning_modules.causcibench.causal_methods import (  # noqa: F401 (re-exported)
+    KERNELS, METHODS, REGRESSORS, SPEC_KEYS, SYNONYMS, check_spec, normalise_method)
 from lightning_modules.shared.errors import UserInputError
 
 
@@ -286,20 +295,35 @@ def iv(data, roles: Roles) -> Estimate:
     return Estimate(float(np.asarray(fit.params)[-1]), float(np.asarray(fit.std_errors)[-1]), len(frame))
 
 
-def rdd(data, roles: Roles, bandwidth: float | None = None) -> Estimate:
+def _powers(centred: np.ndarray, order: int) -> np.ndarray:
+    return np.column_stack([centred ** k for k in range(1, order + 1)])
+
+
+def rdd(data, roles: Roles, bandwidth: float | None = None, kernel: str = "triangular", polynomial: int = 1,
+        regressor: str = "cutoff") -> Estimate:
+    """The RDD estimate (see the module docstring): ``kernel`` triangular keeps ``|x| < bandwidth`` with weights
+    ``1 - |x| / bandwidth``, uniform keeps ``|x| <= bandwidth`` (the window ``[c - h, c + h]``) with equal weights;
+    ``regressor`` is ``cutoff`` (the side indicator, sharp or fuzzy) or ``treatment`` (the treatment column)."""
     frame = _frame(data, roles, [roles.running, roles.treatment])
     centred = frame[roles.running].to_numpy(float) - float(roles.cutoff)
-    side = (centred >= 0).astype(float)
     weights = None
     if bandwidth is not None:
-        keep = np.abs(centred) < bandwidth
-        frame, centred, side = frame[keep], centred[keep], side[keep]
-        weights = 1.0 - np.abs(centred) / bandwidth
-    if side.sum() < 3 or (1 - side).sum() < 3:
+        keep = np.abs(centred) <= bandwidth if kernel == "uniform" else np.abs(centred) < bandwidth
+        frame, centred = frame[keep], centred[keep]
+        weights = 1.0 - np.abs(centred) / bandwidth if kernel == "triangular" else None
+    side = (centred >= 0).astype(float)
+    if regressor == "treatment":
+        jump = frame[roles.treatment].to_numpy(float)
+        if not np.isin(jump, (0.0, 1.0)).all():
+            raise EstimationError(f"regressor=treatment needs a 0/1 treatment; {roles.treatment!r} is not")
+    else:
+        jump = side
+    if jump.sum() < 3 or (1 - jump).sum() < 3:
         raise EstimationError("RDD needs at least 3 rows on each side of the cutoff within the bandwidth")
-    x = np.column_stack([side, centred, side * centred, _matrix(frame, roles.controls)])
+    powers = _powers(centred, polynomial)
+    x = np.column_stack([jump, powers, jump[:, None] * powers, _matrix(frame, roles.controls)])
     outcome = _ols(frame[roles.outcome].to_numpy(float), x, weights=weights)
-    if roles.treatment is None:
+    if roles.treatment is None or regressor == "treatment":
         return Estimate(float(outcome.params[1]), float(outcome.bse[1]), len(frame))
     treated = frame[roles.treatment].to_numpy(float)
     if np.array_equal(treated, side) or np.array_equal(treated, 1 - side):  # sharp (either side treated)
@@ -347,24 +371,34 @@ ESTIMATORS = {"ols": ols, "regression_adjustment": regression_adjustment, "match
               "did": did, "iv": iv, "rdd": rdd, "frontdoor": frontdoor, "glm": glm}
 
 
-def estimate(method: str, data, roles: Roles, rdd_bandwidth: float | None = None) -> Estimate:
+def estimate(method: str, data, roles: Roles, rdd_bandwidth: float | None = None,
+             spec: dict | None = None) -> Estimate:
     """Run `method` (a closed label) with `roles` on `data`; `EstimationError` when a needed role is missing or the
-    fit fails (an agent's answer then counts as a failure)."""
+    fit fails (an agent's answer then counts as a failure).
+
+    ``spec`` fixes how the method is run (`SPEC_KEYS`, e.g. ``{"bandwidth": 0.05, "kernel": "uniform",
+    "polynomial": 2}`` for an RDD); ``rdd_bandwidth``, when given, overrides its bandwidth with a triangular
+    kernel."""
     if method not in ESTIMATORS:
         raise UserInputError(f"unknown method {method!r}; use one of {list(METHODS)}.")
+    options = check_spec(method, spec)
     missing = [role for role in NEEDS[method] if getattr(roles, role) in (None, "")]
     if roles.outcome is None:
         missing.insert(0, "outcome")
+    if method == "rdd" and options.get("regressor") == "treatment" and not roles.treatment:
+        missing.append("treatment")
     if missing:
         raise EstimationError(f"{method} needs the roles {missing}, which the query does not name")
     if roles.interaction and method not in USES_INTERACTION:
         raise EstimationError(f"{method} cannot use the interaction variable {roles.interaction!r} "
                               f"(interaction_var) yet; methods that do: {list(USES_INTERACTION)}")
+    if method == "rdd" and rdd_bandwidth is not None:
+        options.update(bandwidth=rdd_bandwidth, kernel="triangular")
     if method == "rdd":
-        result = rdd(data, roles, bandwidth=rdd_bandwidth)
+        result = rdd(data, roles, **options)
     else:
         try:
-            result = ESTIMATORS[method](data, roles)
+            result = ESTIMATORS[method](data, roles, **options)
         except (ValueError, np.linalg.LinAlgError) as err:
             raise EstimationError(f"{method} failed: {err}") from None
     if not math.isfinite(result.effect):
