@@ -37,8 +37,10 @@ Datasets and the formats read (``data_dir`` is a local folder; nothing is downlo
 
 Outputs and pixel convention
 ----------------------------
-``output="coupled"`` (default): batches ``(clean, corrupted, label)`` with both images as [0, 1] pixels
-(C x H x W floats; models map them to [-1, 1] with `lightning_modules.shared.denoisers.to_model_range`).
+``output="coupled"`` (default): batches ``(clean, corrupted, label, index)`` with both images as [0, 1] pixels
+(C x H x W floats; models map them to [-1, 1] with `lightning_modules.shared.denoisers.to_model_range`) and each
+example's index in its split's source (what seeds the example's sampling noise in evaluation, so it does not
+depend on batching or on the number of processes); a single item ``dataset[i]`` is the triple without the index.
 Training images are corrupted afresh on every visit (torch's global RNG, seeded by ``seed_everything``);
 validation and test images carry a FIXED corruption per example (a generator seeded from the split and the
 example's index, independent of ``seed``), so every run is evaluated on the same corrupted test set.
@@ -253,6 +255,12 @@ class CorruptedImageDataset(Dataset):
 
     def __len__(self) -> int:
         return len(self.indices)
+
+    def __getitems__(self, keys: list[int]) -> list:
+        """The items of a loader's batch; ``coupled`` items gain their source index (a fourth entry)."""
+        if self.output == "classification":
+            return [self[i] for i in keys]
+        return [(*self[i], int(self.indices[i])) for i in keys]
 
     def __getitem__(self, i: int):
         index = int(self.indices[i])

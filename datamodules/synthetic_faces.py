@@ -1,9 +1,10 @@
 """Face data for TIVDiff: `FaceDataModule` over an embedded parametric face generator or CelebA/LFW folders.
 
 Every example is a dict ``{"image": [1, S, S] grey pixels in [0, 1], "geometry": [1, S, S] landmark heat map in
-[0, 1], "identity": int, "key": int}``. ``identity`` is the person's index (training identities first, then the
-held-out ones, see Splits); ``key`` is the person's user key for the virtual identity projection (a pure function
-of ``seed`` and the identity, drawn in [0, 2^31)).
+[0, 1], "identity": int, "key": int, "index": int}``. ``identity`` is the person's index (training identities
+first, then the held-out ones, see Splits); ``key`` is the person's user key for the virtual identity projection (a
+pure function of ``seed`` and the identity, drawn in [0, 2^31)); ``index`` is the image's row in the data (it seeds
+the image's evaluation noise, so that does not depend on batching or on the number of processes).
 
 Sources
 -------
@@ -65,7 +66,7 @@ def key_for_identities(identities: Tensor, seed: int) -> Tensor:
 
 
 class FaceDataset(Dataset):
-    """Rows of the face tensors: dicts with image, geometry, identity and key."""
+    """Rows of the face tensors: dicts with image, geometry, identity, key and index (the row)."""
 
     def __init__(self, images: Tensor, geometry: Tensor, identity: Tensor, key: Tensor, rows: Tensor) -> None:
         self.images, self.geometry, self.identity, self.key, self.rows = images, geometry, identity, key, rows
@@ -75,7 +76,8 @@ class FaceDataset(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Tensor]:
         r = self.rows[i]
-        return {"image": self.images[r], "geometry": self.geometry[r], "identity": self.identity[r], "key": self.key[r]}
+        return {"image": self.images[r], "geometry": self.geometry[r], "identity": self.identity[r], "key": self.key[r],
+                "index": torch.as_tensor(r, dtype=torch.long)}
 
 
 class FaceDataModule(LightningDataModule):

@@ -29,8 +29,9 @@ Distributions (``distribution=``)
 
 Splits: the embedded vector data draw ``num_train`` training and ``num_val`` validation samples from
 generator streams of ``seed``; images hold out a stratified ``val_fraction`` of the training split (seeded).
-Batches are ``(x, label)``. The training loader drops its last incomplete batch (the whitening of Spectral
-Guidance needs full batches) unless the split is smaller than one batch.
+Training batches are ``(x, label)``; validation and predict batches ``(x, label, index)`` (the index of each
+example in the validation split seeds its evaluation noise). The training loader drops its last incomplete batch
+(the whitening of Spectral Guidance needs full batches) unless the split is smaller than one batch.
 """
 from __future__ import annotations
 
@@ -139,10 +140,14 @@ def load_image_folder(root: str, size: int) -> TensorImages:
 
 
 class _Tensors(Dataset):
-    """(x, label) pairs from an in-memory tensor; integer pixels are scaled to [-1, 1] on the fly."""
+    """(x, label) pairs from an in-memory tensor; integer pixels are scaled to [-1, 1] on the fly. With
+    ``with_index`` (the validation split) items are (x, label, index): the index seeds the example's evaluation
+    noise, so that noise does not depend on batching or on the number of processes."""
 
-    def __init__(self, data: Tensor, labels: Tensor, pixel_scale: float | None = None, hflip: bool = False):
+    def __init__(self, data: Tensor, labels: Tensor, pixel_scale: float | None = None, hflip: bool = False,
+                 with_index: bool = False):
         self.data, self.labels, self.pixel_scale, self.hflip = data, labels, pixel_scale, hflip
+        self.with_index = with_index
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -155,7 +160,7 @@ class _Tensors(Dataset):
             x = x.float()
         if self.hflip and torch.rand(()) < 0.5:
             x = x.flip(-1)
-        return x, self.labels[i]
+        return (x, self.labels[i], torch.as_tensor(i, dtype=torch.long)) if self.with_index else (x, self.labels[i])
 
 
 class DiffusionToyDataModule(LightningDataModule):
@@ -251,7 +256,7 @@ class DiffusionToyDataModule(LightningDataModule):
                     x, y = self.spectrum.sample(n, gen), torch.zeros(n, dtype=torch.long)
                 else:
                     x, y = self.gmm.sample(n, gen)
-                sets.append(_Tensors(x.float(), y))
+                sets.append(_Tensors(x.float(), y, with_index=stream == _STREAM_VAL))
             self.train_set, self.val_set = sets
         else:
             if self.distribution == "digits":
@@ -265,7 +270,7 @@ class DiffusionToyDataModule(LightningDataModule):
                 raise UserInputError(f"{self.distribution}: no class of train/ has 2 or more images, so no validation "
                                      "image can be held out: give every class at least 2 images.")
             self.train_set = _Tensors(pool.data[train_idx], pool.labels[train_idx], pool.scale, self.hflip)
-            self.val_set = _Tensors(pool.data[val_idx], pool.labels[val_idx], pool.scale)
+            self.val_set = _Tensors(pool.data[val_idx], pool.labels[val_idx], pool.scale, with_index=True)
         self._built = True
 
     def train_tensors(self) -> tuple[Tensor, Tensor]:

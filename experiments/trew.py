@@ -47,7 +47,8 @@ import torch
 
 from callbacks.trew import TREWReweighting
 from experiments import kit
-from lightning_modules.trew.trew import CMIAttack, mia_efficacy, neighbour_classes, predict_probabilities, total_variation
+from lightning_modules.trew.trew import (CMIAttack, mia_efficacy, neighbour_classes, predict_probabilities,
+                                         total_variation)
 
 CLASSIFIER_CONFIG = "configs/trew/classifier_quick.yaml"   # stage 1: the original
 RETRAIN_CONFIG = "configs/trew/retrain_quick.yaml"         # the same without the forget class: R, R2, A, S

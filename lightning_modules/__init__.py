@@ -68,7 +68,8 @@ def moved_attribute(package: str, name: str):
     if name.startswith("__"):
         raise AttributeError(name)
     module = importlib.import_module(f"{package}.{package.rpartition('.')[2]}")
-    try:
-        return getattr(module, name)
-    except AttributeError:
-        raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
+    value = getattr(module, name, None)
+    # only what the main file defines: a name it imports from elsewhere keeps its own (one) path
+    if value is None or getattr(value, "__module__", module.__name__) != module.__name__:
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+    return value

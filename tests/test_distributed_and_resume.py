@@ -101,31 +101,28 @@ def test_resume_after_an_epoch_equals_an_uninterrupted_fit(config, tmp_path, pre
 # ================================================================================================= DDP
 # One config per module family that evaluates; every module class that has a validation_step is here. The extra
 # flags only shrink evaluation sets where the quick config's are large (validation runs over the whole set here).
-# The third entry names the metrics drawn from random streams that are seeded per *batch index* (noise levels,
-# masks, sampled rollouts/answers): under DDP each rank restarts its batch index at 0 over a different shard, so those
-# draws differ from one process's and the metrics may legitimately differ. Everything else must agree; those are only
-# required to exist in both runs and be finite.
-_BATCH_SEEDED = "noise/masks/samples come from generators seeded by the batch index, which restarts on every rank"
+# The third entry names the metrics that may legitimately differ: drawn from random streams seeded per *batch index*
+# (MLM masks, sampled candidate actions), which restarts at 0 on every rank's shard, or statistics of a batch's
+# composition (TIVDiff's pair losses). Sampled evaluation elsewhere is seeded per example and pooled exactly
+# (tests/test_process_count_invariance.py). Everything else must agree; those are only required to exist in both
+# runs and be finite.
+_BATCH_SEEDED = "draws seeded by the batch index (which restarts on every rank) or statistics of a batch's composition"
 DDP_FAMILIES = {
     "classifier": ("configs/trew/classifier_quick.yaml", [], ()),
     "trew": ("configs/trew/quick.yaml", [], ()),
     "tamed_sgd": ("configs/tamed_sgd/quick.yaml", [], ()),
     "sequential_rec": ("configs/rsir/quick.yaml", [], ()),
     "nt_ssm": ("configs/nt_ssm/quick.yaml", [], ()),
-    "sft": ("configs/grpo/sft_quick.yaml", ["--data.init_args.test_pool_size=64"], (r"val/accuracy",)),
-    "grpo": ("configs/grpo/quick.yaml", ["--data.init_args.test_pool_size=64"],
-             (r"val/pass@\d+(_tier\d+)?", r"val/accuracy(_tier\d+)?")),
-    "multi_answer_rl": ("configs/multi_answer_rl/quick.yaml", [], (r"val/.*",)),  # every set is sampled
-    "coupled_diffusion": ("configs/coupled_diffusion/quick.yaml", [],
-                          (r"val/(x_|y_)?loss", r"val/acc", r"val/acc_f_enhanced")),
-    "spectral_guidance": ("configs/spectral_guidance/quick.yaml", ["--data.init_args.num_val=256"],
-                          (r"val/loss", r"val/eigenvalue_mean_t\d+")),
-    "diffusion_denoiser": ("configs/spectral_guidance/denoiser_quick.yaml", ["--data.init_args.num_val=256"],
-                           (r"val/loss",)),
-    "tivdiff": ("configs/tivdiff/quick.yaml", [], (r"val/vip_.*", r"val/diffusion", r"val/loss")),
+    "sft": ("configs/grpo/sft_quick.yaml", ["--data.init_args.test_pool_size=64"], ()),
+    "grpo": ("configs/grpo/quick.yaml", ["--data.init_args.test_pool_size=64"], ()),
+    "multi_answer_rl": ("configs/multi_answer_rl/quick.yaml", [], ()),
+    "coupled_diffusion": ("configs/coupled_diffusion/quick.yaml", [], ()),
+    "spectral_guidance": ("configs/spectral_guidance/quick.yaml", ["--data.init_args.num_val=256"], ()),
+    "diffusion_denoiser": ("configs/spectral_guidance/denoiser_quick.yaml", ["--data.init_args.num_val=256"], ()),
+    "tivdiff": ("configs/tivdiff/quick.yaml", [], (r"val/vip_.*", r"val/loss")),  # pair losses within a batch
     "ldarnet_pretraining": ("configs/ldarnet/pretrain_quick.yaml", [], (r"val/.*",)),  # MLM masks are drawn
     "ldarnet": ("configs/ldarnet/quick.yaml", [], ()),
-    "rna_fm": ("configs/rna_fm/quick.yaml", [], (r"val/loss", r"val/pearson", r"val/rmse")),
+    "rna_fm": ("configs/rna_fm/quick.yaml", [], ()),
     "he2rna": ("configs/rna_fm/he2rna_quick.yaml", [], ()),
     "trnasformer": ("configs/rna_fm/trnasformer_quick.yaml", [], ()),
     "cem": ("configs/ec_cem/cem_quick.yaml", [], ()),

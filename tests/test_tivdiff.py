@@ -320,7 +320,7 @@ def test_datamodule_splits_identities_and_keys():
         for person in split["identity"].unique():
             assert split["key"][split["identity"] == person].unique().numel() == 1
     batch = next(iter(data.train_dataloader()))
-    assert set(batch) == {"image", "geometry", "identity", "key"} and batch["image"].shape == (4, 1, 16, 16)
+    assert set(batch) == {"image", "geometry", "identity", "key", "index"} and batch["image"].shape == (4, 1, 16, 16)
 
 
 # ============================================================================================ real folders

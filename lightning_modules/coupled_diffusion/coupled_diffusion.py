@@ -19,8 +19,8 @@ Every logit used as a condition is standardised per sample (`standardize_logits`
 ``y <- 0.8 * (y - mean(y)) / (std(y) + 1e-5)`` (the code's LOGITS_MEAN = 0, LOGITS_STD = 0.8).
 
 Coupling strategies (``strategy`` trains, ``sampling_strategy`` samples; by default the same; each one is a pair of
-plain functions in `lightning_modules.coupled_diffusion.coupling_strategies` over this module's primitives eps_x, eps_y, x_loss,
-y_loss, x_chain, y_chain):
+plain functions in `lightning_modules.coupled_diffusion.coupling_strategies` over this module's primitives eps_x, eps_y,
+x_loss, y_loss, x_chain, y_chain):
 
 * ``parallel`` (the code's "interleaved scheduler"). Training, per batch: y0 := 0, then
   ``coupling_iterations`` times with a fresh t ~ U{0..T-1}: an x loss conditioned on (x_c, std(y0)) gives x0_hat;
@@ -69,8 +69,11 @@ Evaluation protocol
 -------------------
 On the held-out split with a fixed corruption per example: accuracy of f(x_c) (``acc_corrupted``), of the chosen
 sampler's prediction (``acc``) and of f on its enhanced image (``acc_f_enhanced``). ``predict_step`` returns the
-sampler's outputs; its initial noise comes from a generator seeded by (``sample_seed``, batch index), so it is
-deterministic in eval mode.
+sampler's outputs. In validation, test and predict each example's noise (the evaluation losses' timesteps and
+noise, the samplers' initial noise) comes from generators of its own, seeded by (``sample_seed``, the example's
+index in its split: the fourth entry of `CorruptedImageDataModule` batches;
+`lightning_modules.shared.example_rng.ExampleGenerators`), so it is deterministic and the same with any number of
+processes (batches without an index fall back to a generator seeded by (``sample_seed``, batch index)).
 
 Deviations from the paper / code (all configurable where a choice exists)
 ------------------------------------------------------------------------
@@ -122,6 +125,7 @@ from lightning_modules.coupled_diffusion.coupling_strategies import SAMPLERS, ST
 from lightning_modules.shared.data_contract import PixelStatisticsData
 from lightning_modules.shared.denoisers import MLPDenoiser, UNet, from_model_range, to_model_range
 from lightning_modules.shared.errors import UserInputError, check_range, one_line
+from lightning_modules.shared.example_rng import ExampleGenerators
 
 log = logging.getLogger(__name__)
 
@@ -318,6 +322,10 @@ class CoupledDiffusion(PaperModule):
         self.metrics = nn.ModuleDict({
             f"{stage}_{name}": torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
             for stage in ("val", "test") for name in ("acc", "acc_f_enhanced", "acc_corrupted")})
+        # evaluation losses as summed (loss x batch size, batch size) states: Lightning's own sync_dist mean truncates
+        # its integer example count when averaging it over gloo ranks, which is off whenever the total is odd
+        self.metrics.update({f"{stage}_{name}": torchmetrics.MeanMetric() for stage in ("val", "test")
+                             for name in ("loss", "x_loss", "y_loss")})
 
     # ================================================================================== frozen classifier
     def train(self, mode: bool = True):
@@ -339,9 +347,9 @@ class CoupledDiffusion(PaperModule):
         sizes = {name: self.hparams[name] for name in ("num_classes", "in_channels", "image_size")}
         self.check_data_matches(PixelStatisticsData, sizes, "model.{name}={model} but the data has {name}={data}: set "
                                                             "model.init_args.{name}: {data}.")
-        mean = self.data_value(PixelStatisticsData, "mean")
+        mean = self.data(PixelStatisticsData).mean
         if stage == "fit" and mean is not None:
-            self.set_pixel_statistics(mean, self.data_value(PixelStatisticsData, "std"))
+            self.set_pixel_statistics(mean, self.data(PixelStatisticsData).std)
         super().setup(stage)  # init_from: the classifier checkpoint
         resuming = bool(self.checkpoint_being_restored())
         if stage == "fit" and not self.classifier_loaded and not resuming:
@@ -508,6 +516,8 @@ class CoupledDiffusion(PaperModule):
         """(clean, corrupted, labels) as [-1, 1] images from a datamodule batch (clean/labels may be absent)."""
         if isinstance(batch, Tensor):
             return None, to_model_range(batch), None
+        if len(batch) == 4:  # CorruptedImageDataModule's loaders add each example's index
+            batch = batch[:3]
         if len(batch) == 3:
             clean, corrupted, labels = batch
             return to_model_range(clean), to_model_range(corrupted), labels
@@ -527,21 +537,27 @@ class CoupledDiffusion(PaperModule):
         self.log("train/y_loss", y_mse)
         return loss
 
-    def _generator(self, batch_idx: int, stream: int) -> torch.Generator:
+    def _generator(self, batch, batch_idx: int, stream: int) -> torch.Generator | ExampleGenerators:
+        """Per-example generators seeded by (``sample_seed``, stream, the example's index) when the batch carries
+        the index (`CorruptedImageDataModule`), else one generator seeded by (``sample_seed``, batch index)."""
+        if isinstance(batch, (tuple, list)) and len(batch) == 4:
+            return ExampleGenerators(self.hparams.sample_seed, batch[3], stream)
         return torch.Generator().manual_seed((self.hparams.sample_seed * 1_000_003 + batch_idx) * 7 + stream)
 
     def _evaluate(self, batch, batch_idx: int, stage: str) -> None:
         clean, corrupted, labels = self._unpack(batch)
         if clean is None or labels is None:
             raise UserInputError(f"{stage} needs (clean, corrupted, label) batches (CorruptedImageDataModule).")
-        x_mse, y_mse = self.losses(clean, corrupted, generator=self._generator(batch_idx, 0))
-        self.log(f"{stage}/loss", self.hparams.x_loss_weight * x_mse + self.hparams.y_loss_weight * y_mse,
-                 sync_dist=True)
-        self.log(f"{stage}/x_loss", x_mse, sync_dist=True)
-        self.log(f"{stage}/y_loss", y_mse, sync_dist=True)
+        x_mse, y_mse = self.losses(clean, corrupted, generator=self._generator(batch, batch_idx, 0))
+        losses = {"loss": self.hparams.x_loss_weight * x_mse + self.hparams.y_loss_weight * y_mse,
+                  "x_loss": x_mse, "y_loss": y_mse}
+        for name, value in losses.items():  # batch means weighted by batch size: the mean over examples
+            metric = self.metrics[f"{stage}_{name}"]
+            metric.update(value.detach(), weight=len(clean))
+            self.log(f"{stage}/{name}", metric)
         if not self.hparams.validate_sampling:
             return
-        out = self.sample(corrupted, generator=self._generator(batch_idx, 1))
+        out = self.sample(corrupted, generator=self._generator(batch, batch_idx, 1))
         for name, logits in (("acc", out["logits"]), ("acc_f_enhanced", out["classifier_logits"]),
                              ("acc_corrupted", self.classify(corrupted))):
             metric = self.metrics[f"{stage}_{name}"]
@@ -556,6 +572,6 @@ class CoupledDiffusion(PaperModule):
 
     def predict_step(self, batch, batch_idx):
         _, corrupted, _ = self._unpack(batch)
-        out = self.sample(corrupted, generator=self._generator(batch_idx, 1))
+        out = self.sample(corrupted, generator=self._generator(batch, batch_idx, 1))
         return {"probs": out["logits"].softmax(-1), "enhanced": from_model_range(out["images"]),
                 "classifier_probs": out["classifier_logits"].softmax(-1)}

@@ -1,7 +1,7 @@
 """The coupling strategies of coupled signal/logit diffusion (arXiv 2602.15405) as plain functions.
 
-`lightning_modules.coupled_diffusion.coupled_diffusion.CoupledDiffusion` owns the networks and their primitives: the two noise
-predictions (``eps_x``, ``eps_y``), one-timestep losses (``x_loss``, ``y_loss``), full DDIM chains with fixed
+`lightning_modules.coupled_diffusion.coupled_diffusion.CoupledDiffusion` owns the networks and their primitives: the two
+noise predictions (``eps_x``, ``eps_y``), one-timestep losses (``x_loss``, ``y_loss``), full DDIM chains with fixed
 conditions (``x_chain``, ``y_chain``), the frozen classifier (``classify``) and the logit standardisation
 (``standardize``). A strategy only decides in which order those are called and what conditions each call gets;
 the rules are stated in ``coupled_diffusion``'s module docstring ("Coupling strategies") and follow the official
@@ -12,7 +12,8 @@ baseline.
 Each training function returns ``(x loss, y loss)`` for one batch of [-1, 1] images; each sampling function returns
 ``{"logits", "images", "classifier_logits"}``. `TRAINING_LOSSES` and `SAMPLERS` map strategy names to them. The
 functions draw their noise and timesteps from the given generator in a fixed order, so a seeded run is
-reproducible.
+reproducible; the generator may be a `lightning_modules.shared.example_rng.ExampleGenerators` (one per example, as
+in evaluation), every draw being one row per example of the batch.
 """
 from __future__ import annotations
 
@@ -21,20 +22,21 @@ from typing import TYPE_CHECKING, Callable
 import torch
 from torch import Tensor
 
+from lightning_modules.shared.example_rng import ExampleGenerators, draw_integers, draw_normal
+
 if TYPE_CHECKING:  # the module imports this one
     from lightning_modules.coupled_diffusion.coupled_diffusion import CoupledDiffusion
 
 
-def noise_like(shape, like: Tensor, generator: torch.Generator | None) -> Tensor:
+def noise_like(shape, like: Tensor, generator: torch.Generator | ExampleGenerators | None) -> Tensor:
     """Standard normal noise of ``shape`` with ``like``'s dtype and device (drawn on the generator's device)."""
-    device = like.device if generator is None else generator.device
-    return torch.randn(shape, generator=generator, device=device, dtype=like.dtype).to(like.device)
+    return draw_normal(shape, generator, like.device, like.dtype)
 
 
-def random_timesteps(low: int, high: int, size: int, like: Tensor, generator: torch.Generator | None) -> Tensor:
+def random_timesteps(low: int, high: int, size: int, like: Tensor,
+                     generator: torch.Generator | ExampleGenerators | None) -> Tensor:
     """``size`` integer timesteps uniform in [low, high) on ``like``'s device (drawn on the generator's device)."""
-    device = like.device if generator is None else generator.device
-    return torch.randint(low, high, (size,), generator=generator, device=device).to(like.device)
+    return draw_integers(low, high, (size,), generator, like.device)
 
 
 # ============================================================================================ training

@@ -25,13 +25,16 @@ of (p_i - y_i)^2 (training uses 1 - mean; never mix the two), ECE with 10 equal-
 set metrics (its pass@i uses the unbiased estimator of Chen et al. over the K samples).
 Extra metrics of this collection's CPU toy: coverage = |distinct correct| / min(K, |gold|), duplicate rate =
 (candidates - distinct candidates) / candidates, tokens per answer and tokens per distinct correct answer.
+Evaluation sets are sampled with GRPO's keyed evaluation sampling (each set from its key of seed, stage, prompt id
+and sample index) and scored once per epoch from every rank's prompts, each counted once, in prompt-id order
+(`lightning_modules.shared.example_rng.gather_objects`): any number of processes reports one process's numbers.
 
 `MultiAnswerReward` plugs into `lightning_modules.rlvr.grpo.GRPO` as its ``reward``; `MultiAnswerGRPO` is that GRPO with
 the set-level evaluation above (for the multi-answer policy and for the single-answer baseline sampled K times).
 This file holds the rewards and the module. The answer format and its parser are in
-`lightning_modules.multi_answer_rl.multi_answer_protocol` (shared with the SFT targets of `datamodules.many_answer_tasks`), answer
-matching in `lightning_modules.rlvr.answers` (`is_correct`, `answer_key`), the set metrics in
-`lightning_modules.multi_answer_rl.answer_set_metrics`.
+`lightning_modules.multi_answer_rl.multi_answer_protocol` (shared with the SFT targets of
+`datamodules.many_answer_tasks`), answer matching in `lightning_modules.rlvr.answers` (`is_correct`, `answer_key`), the
+set metrics in `lightning_modules.multi_answer_rl.answer_set_metrics`.
 
 Two output styles (``style``): ``tags``, the official format, and ``compact``, this collection's toy format for
 a from-scratch character-level GPT; both are specified in `lightning_modules.multi_answer_rl.multi_answer_protocol`.
@@ -67,6 +70,7 @@ import torch
 from lightning_modules.multi_answer_rl.answer_set_metrics import AnswerSetAccumulator
 from lightning_modules.rlvr.answers import answer_key, is_correct
 from lightning_modules.shared.errors import UserInputError, check_range
+from lightning_modules.shared.example_rng import gather_objects
 from lightning_modules.rlvr.grpo import GRPO, RewardFunction, decode_completions
 from lightning_modules.multi_answer_rl.multi_answer_protocol import STYLES, ParsedCompletion, Style, parse_completion
 
@@ -213,8 +217,9 @@ class MultiAnswerGRPO(GRPO):
             raise UserInputError(f"answer_format={answer_format!r}: choose 'multi' or 'single'.")
         if answer_format == "multi":
             if not isinstance(self.reward, MultiAnswerReward):
-                raise UserInputError("answer_format='multi' needs reward: lightning_modules.multi_answer_rl.multi_answer_rl."
-                                     f"MultiAnswerReward (got {type(self.reward).__name__}).")
+                raise UserInputError("answer_format='multi' needs reward: "
+                                     "lightning_modules.multi_answer_rl.multi_answer_rl.MultiAnswerReward "
+                                     f"(got {type(self.reward).__name__}).")
             if self.reward.num_candidates != num_candidates:
                 raise UserInputError(f"num_candidates={num_candidates} differs from the reward's "
                                      f"num_candidates={self.reward.num_candidates}; set both to the same K.")
@@ -222,7 +227,7 @@ class MultiAnswerGRPO(GRPO):
         self.answer_format = answer_format
         is_rlcr = isinstance(self.reward, MultiAnswerReward) and self.reward.mode == "rlcr"
         self.rank_by_confidence = is_rlcr if rank_by_confidence is None else bool(rank_by_confidence)
-        self._sets: AnswerSetAccumulator | None = None
+        self._eval_records: list[tuple[int, dict]] = []
 
     def new_accumulator(self) -> AnswerSetAccumulator:
         reward = self.reward if isinstance(self.reward, MultiAnswerReward) else None
@@ -233,43 +238,55 @@ class MultiAnswerGRPO(GRPO):
                                     self.rank_by_confidence, reward.require_think, reward.require_analysis)
 
     @torch.no_grad()
-    def score_sets(self, batch: dict, accumulator: AnswerSetAccumulator, sets_per_prompt: int, temperature: float,
-                   generator: torch.Generator) -> None:
-        """Generate `sets_per_prompt` answer sets per prompt of `batch` and add them to `accumulator`."""
+    def sample_sets(self, batch: dict, sets_per_prompt: int, temperature: float, generator: torch.Generator,
+                    keyed: bool | None = None) -> list[dict]:
+        """Generate `sets_per_prompt` answer sets per prompt of `batch`: one record per prompt (its id, answers,
+        tier, completions and their lengths, rollouts in order); ``keyed`` as in `GRPO.generate`."""
         num_prompts = batch["prompt_ids"].shape[0]
         per_set = self.num_candidates if self.answer_format == "single" else 1
         counts = torch.full((num_prompts,), sets_per_prompt * per_set, dtype=torch.long, device=self.device)
-        tokens, mask, group_index = self.generate(batch, counts, temperature, generator)
+        tokens, mask, group_index = self.generate(batch, counts, temperature, generator, keyed=keyed)
         completions = decode_completions(tokens, mask, self.tokenizer)
         lengths = mask.sum(1).tolist()
-        group = group_index.tolist()
-        tiers = batch["tier"].tolist()
+        records = [{"prompt_id": int(i), "answers": batch["answers"][j], "tier": int(batch["tier"][j]),
+                    "completions": [], "lengths": []} for j, i in enumerate(batch["prompt_ids"].tolist())]
+        for completion, length, g in zip(completions, lengths, group_index.tolist()):
+            records[g]["completions"].append(completion)
+            records[g]["lengths"].append(length)
+        return records
+
+    def add_sets(self, accumulator: AnswerSetAccumulator, records: Sequence[dict]) -> None:
+        """Score the answer sets of `sample_sets` records into `accumulator` (in the records' order)."""
         if self.answer_format == "multi":
-            accumulator.add_multi(completions, [batch["answers"][g] for g in group], lengths,
-                                  [tiers[g] for g in group])
+            owners = [r for r in records for _ in r["completions"]]
+            accumulator.add_multi([c for r in records for c in r["completions"]], [r["answers"] for r in owners],
+                                  [n for r in records for n in r["lengths"]], [r["tier"] for r in owners])
             return
         k = self.num_candidates  # rollouts of a prompt are contiguous: consecutive blocks of K form one set
-        sets = [completions[i:i + k] for i in range(0, len(completions), k)]
-        set_lengths = [lengths[i:i + k] for i in range(0, len(lengths), k)]
-        owners = [group[i] for i in range(0, len(group), k)]
-        accumulator.add_single(sets, [batch["answers"][g] for g in owners], set_lengths, [tiers[g] for g in owners])
+        sets, set_lengths, owners = [], [], []
+        for r in records:
+            for i in range(0, len(r["completions"]), k):
+                sets.append(r["completions"][i:i + k])
+                set_lengths.append(r["lengths"][i:i + k])
+                owners.append(r)
+        accumulator.add_single(sets, [r["answers"] for r in owners], set_lengths, [r["tier"] for r in owners])
+
+    def score_sets(self, batch: dict, accumulator: AnswerSetAccumulator, sets_per_prompt: int, temperature: float,
+                   generator: torch.Generator, keyed: bool | None = None) -> None:
+        """Generate `sets_per_prompt` answer sets per prompt of `batch` and add them to `accumulator`."""
+        self.add_sets(accumulator, self.sample_sets(batch, sets_per_prompt, temperature, generator, keyed))
 
     def _score_eval_batch(self, batch, batch_idx: int, stream: int) -> None:
-        if self._sets is None:
-            self._sets = self.new_accumulator()
-        self.score_sets(batch, self._sets, self.hparams.eval_samples, self.hparams.eval_temperature,
-                        self._generator(stream, batch_idx))
+        records = self.sample_sets(batch, self.hparams.eval_samples, self.hparams.eval_temperature,
+                                   self.evaluation_generator(batch_idx, stream), keyed=self.keyed_evaluation)
+        self._eval_records += [(r["prompt_id"], r) for r in records]
 
     def _log_sets(self, prefix: str) -> None:
-        accumulator, self._sets = self._sets, None
-        if accumulator is None:
-            accumulator = self.new_accumulator()
-        if torch.distributed.is_available() and torch.distributed.is_initialized():  # every rank's sets
-            gathered = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(gathered, accumulator)
-            accumulator = self.new_accumulator()
-            for part in gathered:
-                accumulator.merge(part)
+        """Set metrics of every rank's prompts, each once (padding copies dropped), in prompt-id order."""
+        pairs, self._eval_records = self._eval_records, []
+        _, records = gather_objects([i for i, _ in pairs], [r for _, r in pairs])
+        accumulator = self.new_accumulator()
+        self.add_sets(accumulator, records)
         for name, value in accumulator.compute().items():
             if not math.isnan(value):
                 self.log(f"{prefix}/{name}", value)  # identical on every rank after the merge

@@ -41,8 +41,13 @@ completion_length, loss (under data parallelism this rank's share), clip_fractio
 Evaluation (``val/`` and ``test/``): ``eval_samples`` samples per prompt at ``eval_temperature``; pass@k for every
 k in ``eval_k`` with the unbiased estimator (Chen et al. 2021, `pass_at_k`), mean accuracy (= pass@1, "Avg@n"),
 greedy accuracy, and per-tier pass@1 / greedy / pass@max-k. ``predict_step`` returns the greedy completions
-(deterministic). Sampling is seeded from (``rollout_seed`` or the run's seed, step counter), so runs repeat
-exactly and a resumed run continues the same stream.
+(deterministic). Training rollouts are seeded from (``rollout_seed`` or the run's seed, step counter), so runs
+repeat exactly and a resumed run continues the same stream. Evaluation samples are always keyed by (seed, stage,
+prompt id, sample index) (`lightning_modules.rlvr.rollouts.rollout_keys`), whatever ``rollout_seeding`` says,
+and the metrics are computed once per epoch from every rank's prompts, each counted once
+(`lightning_modules.shared.example_rng.gather_examples` drops the sampler's padding copies): validation and test
+report the same numbers with any number of processes (`TransformersGenerate`, which samples with transformers'
+own RNG, is the exception).
 
 Deviations / choices (documented, configurable where it matters):
 
@@ -87,6 +92,7 @@ from lightning_modules.rlvr.answers import answers_match
 from lightning_modules.shared.base import PaperModule
 from lightning_modules.shared.data_contract import TokenizedData
 from lightning_modules.shared.errors import UserInputError, check_range
+from lightning_modules.shared.example_rng import distributed, gather_examples
 from lightning_modules.rlvr.rollout_allocation import RolloutAllocator
 from lightning_modules.rlvr.rollouts import KVCacheSampler, RolloutEngine, TransformersGenerate, rollout_keys
 from lightning_modules.rlvr.token_logprobs import completion_logprobs
@@ -352,13 +358,13 @@ class GRPO(PaperModule):
         self.last_rollouts: dict | None = None
         self._tokenizer = None
         self._special = None
-        self._eval_sums: dict[str, torch.Tensor] = {}
+        self._eval_rows: list[tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]] = []
         self._first_rollout_index: torch.Tensor | None = None  # per prompt, during DARS' second stage
 
     # ------------------------------------------------------------------ plumbing
     @property
     def tokenizer(self):
-        data_tokenizer = self.data_value(TokenizedData, "tokenizer")
+        data_tokenizer = self.data(TokenizedData).tokenizer
         if self._tokenizer is None and data_tokenizer is not None:
             self.set_tokenizer(data_tokenizer)
         if self._tokenizer is None and self._special is not None:
@@ -380,7 +386,7 @@ class GRPO(PaperModule):
 
     def setup(self, stage: str) -> None:
         sharding_mesh(self._trainer, "GRPO")  # refuses FSDP1, DeepSpeed and tensor parallelism with one line
-        data_tokenizer = self.data_value(TokenizedData, "tokenizer")
+        data_tokenizer = self.data(TokenizedData).tokenizer
         if data_tokenizer is not None:  # refuse a mismatch now, not while decoding the first validation samples
             check_policy_vocabulary(self.policy, data_tokenizer.vocab_size)
         super().setup(stage)
@@ -408,12 +414,18 @@ class GRPO(PaperModule):
         generator.manual_seed((self.base_seed * 1_000_003 + stream * 7_919 + counter) % (2**62))
         return generator
 
-    def generate(self, batch: dict, counts: torch.Tensor, temperature: float, generator: torch.Generator):
-        """Rollouts for `batch`'s prompts, counts[j] of prompt j (engine call; see rollouts.sample_completions)."""
+    def generate(self, batch: dict, counts: torch.Tensor, temperature: float, generator: torch.Generator,
+                 keyed: bool | None = None):
+        """Rollouts for `batch`'s prompts, counts[j] of prompt j (engine call; see rollouts.sample_completions).
+
+        ``keyed`` (default: ``rollout_seeding == "example"``) draws each rollout from its key of (the generator's
+        seed, prompt id, rollout index) instead of the generator's one stream."""
         training = self.policy.training
         self.policy.eval()  # no dropout while sampling
         options = {"synced": True} if self.sharded else {}
-        if self.hparams.rollout_seeding == "example":  # keys: (step seed, prompt id, rollout index of the prompt)
+        if keyed is None:
+            keyed = self.hparams.rollout_seeding == "example"
+        if keyed:  # keys: (step seed, prompt id, rollout index of the prompt)
             options["row_seeds"] = rollout_keys(generator.initial_seed(), batch["prompt_ids"], counts,
                                                 self._first_rollout_index)
         try:
@@ -644,16 +656,25 @@ class GRPO(PaperModule):
     # ------------------------------------------------------------------ evaluation
     MAX_TIER = 16
 
+    @property
+    def keyed_evaluation(self) -> bool:
+        """Whether evaluation samples are keyed per prompt (every engine but `TransformersGenerate`)."""
+        return not isinstance(self.rollout_engine, TransformersGenerate)
+
+    def evaluation_generator(self, batch_idx: int, stream: int) -> torch.Generator:
+        """The generator of an evaluation batch: keyed sampling takes only its seed (the same for every batch: the
+        prompt id, not the rank-dependent batch index, tells the samples apart); otherwise its stream."""
+        return self._generator(stream, 0 if self.keyed_evaluation else batch_idx)
+
     def evaluate_batch(self, batch: dict, batch_idx: int, stream: int) -> dict[str, torch.Tensor]:
         """pass@k (sampled), mean accuracy and greedy accuracy of each prompt of the batch."""
         h = self.hparams
         num_prompts = batch["prompt_ids"].shape[0]
         out = {}
         samples = torch.full((num_prompts,), h.eval_samples, dtype=torch.long, device=self.device)
-        # keyed sampling: the prompt id, not the rank-dependent batch index, tells the samples apart
-        counter = 0 if h.rollout_seeding == "example" else batch_idx
         tokens, mask, group_index = self.generate(batch, samples, h.eval_temperature,
-                                                  self._generator(stream, counter))
+                                                  self.evaluation_generator(batch_idx, stream),
+                                                  keyed=self.keyed_evaluation)
         rewards, correct, _ = self.score(tokens, mask, group_index, batch["answers"])
         correct = group_statistics(rewards, group_index, num_prompts, correct=correct)["correct"]
         for k in self.eval_k:
@@ -666,33 +687,41 @@ class GRPO(PaperModule):
 
     def _evaluation_step(self, batch, batch_idx, prefix: str, stream: int) -> None:
         per_prompt = self.evaluate_batch(batch, batch_idx, stream)
-        tier = batch["tier"].to(self.device)
-        slot = torch.where((tier >= 0) & (tier < self.MAX_TIER), tier, torch.full_like(tier, self.MAX_TIER))
-        for name, value in per_prompt.items():
-            self.log(f"{prefix}/{name}", value.mean(), batch_size=value.numel(), sync_dist=True)
-            sums = self._eval_sums.setdefault(name, torch.zeros(self.MAX_TIER + 1, 2, device=self.device))
-            sums[:, 0].index_add_(0, slot, value)
-            sums[:, 1].index_add_(0, slot, torch.ones_like(value))
+        self._eval_rows.append((batch["prompt_ids"].to(self.device), batch["tier"].to(self.device), per_prompt))
 
-    def _log_tiers(self, prefix: str) -> None:
-        for name, sums in self._eval_sums.items():
-            sums = self.trainer.strategy.reduce(sums, reduce_op="sum") if self._trainer is not None else sums
-            for tier in range(self.MAX_TIER):
-                if sums[tier, 1] > 0:
-                    self.log(f"{prefix}/{name}_tier{tier}", sums[tier, 0] / sums[tier, 1], rank_zero_only=True)
-        self._eval_sums = {}
+    def _log_evaluation(self, prefix: str) -> None:
+        """Means over all ranks' prompts (each once, in prompt-id order) overall and per tier (< ``MAX_TIER``)."""
+        rows, self._eval_rows = self._eval_rows, []
+        if not rows and not distributed():
+            return
+        # a rank without prompts (fewer prompts than ranks) still takes part in the gather
+        names = list(rows[0][2]) if rows else [f"pass@{k}" for k in self.eval_k] + ["accuracy", "greedy_accuracy"]
+        empty = torch.zeros(0, dtype=torch.long, device=self.device)
+        ids = torch.cat([r[0] for r in rows]) if rows else empty
+        tier = torch.cat([r[1] for r in rows]) if rows else empty
+        values = torch.stack([torch.cat([r[2][name].float() for r in rows]) for name in names], 1) if rows \
+            else torch.zeros(0, len(names), device=self.device)  # [N, metrics]
+        _, tier, values = gather_examples(ids, tier, values)
+        if not len(values):
+            return
+        for column, name in enumerate(names):
+            self.log(f"{prefix}/{name}", values[:, column].mean(), sync_dist=True)  # the same value on every rank
+            for t in range(self.MAX_TIER):
+                chosen = tier == t
+                if bool(chosen.any()):
+                    self.log(f"{prefix}/{name}_tier{t}", values[chosen, column].mean(), sync_dist=True)
 
     def validation_step(self, batch, batch_idx):
         self._evaluation_step(batch, batch_idx, "val", stream=1)
 
     def on_validation_epoch_end(self) -> None:
-        self._log_tiers("val")
+        self._log_evaluation("val")
 
     def test_step(self, batch, batch_idx):
         self._evaluation_step(batch, batch_idx, "test", stream=2)
 
     def on_test_epoch_end(self) -> None:
-        self._log_tiers("test")
+        self._log_evaluation("test")
 
     def predict_step(self, batch, batch_idx=0):
         """Greedy completions [M, max_new_tokens] (padded with pad_id): deterministic."""

@@ -8,11 +8,13 @@ so the weights match by name).
 
 Loss: next-token cross-entropy on the target tokens only (the answer and EOS; ``loss_mask`` of the datamodule's
 ``sft`` split), averaged over target tokens. Validation: greedy accuracy (overall and per tier) and sampled
-accuracy on the held-out prompts, scored by the same verifier as RL (``test``: the same on the test prompts).
+accuracy on the held-out prompts, scored by the same verifier as RL (``test``: the same on the test prompts). Each
+sampled completion is drawn from its key of (prompt id, sample index) (`lightning_modules.rlvr.rollouts.rollout_keys`),
+so the sampled accuracy does not depend on batching or on the number of processes.
 `success_rates` estimates every prompt's p = P(correct) by sampling (the p-histogram of the pool's difficulty mix).
 
 Predictions (``train.py predict``, one JSONL row per prompt): the prompt, the greedy completion and the reference
-answers. With emotion data attached (`lightning_modules.emotion_hierarchy.emotion_probe.EmotionWordData`: the language
+answers. With emotion data attached (`lightning_modules.shared.data_contract.EmotionWordData`: the language
 models of the emotion-hierarchy paper, arXiv 2507.10599) each row also summarises the next-token distribution after the
 prompt over the emotion words: the ``emotion_top_words`` (5 most probable) with their probabilities ``emotion_top_p``
 and the probability of the true emotion (``label_prob``). That distribution, not the single greedy word, is what the
@@ -36,16 +38,19 @@ from torch import nn
 
 from lightning_modules.shared.base import PaperModule
 from lightning_modules.shared.data_contract import TokenizedData
-from lightning_modules.emotion_hierarchy.emotion_probe import EmotionWordData, emotion_distribution, word_token_map
+from lightning_modules.emotion_hierarchy.emotion_probe import emotion_distribution, word_token_map
+from lightning_modules.shared.data_contract import EmotionWordData
 from lightning_modules.shared.errors import UserInputError, check_range
+from lightning_modules.shared.example_rng import ExactMeans
 from lightning_modules.rlvr.grpo import (ExactMatchReward, RewardFunction, SpecialTokens, completion_fields,
                                    decode_completions, group_statistics)
-from lightning_modules.rlvr.rollouts import sample_completions
+from lightning_modules.rlvr.rollouts import rollout_keys, sample_completions
 from lightning_modules.shared.tiny_gpt import (check_policy_vocabulary, fully_shard_model, is_sharded,
                                      picklable_hyperparameters, sharding_mesh)
 
 NEXT_TOKEN_TOP_K = 100     # next-token candidates kept per prompt (the emotion paper's official code reads 100)
 EMOTION_SUMMARY_WORDS = 5  # emotion words per row of the prediction file
+EVALUATION_SEED = 0        # key seed of the sampled validation/test completions (fixed: the same in every run)
 
 
 def sft_loss_terms(policy: nn.Module, input_tokens: torch.Tensor, loss_mask: torch.Tensor,
@@ -107,17 +112,18 @@ class SupervisedWarmup(PaperModule):
         self.policy = policy
         self.reward = reward if reward is not None else ExactMatchReward()
         self._special = None
+        self._eval_means = ExactMeans()
 
     def setup(self, stage: str) -> None:
         sharding_mesh(self._trainer, "SupervisedWarmup")  # refuses FSDP1, DeepSpeed and tensor parallelism
-        data_tokenizer = self.data_value(TokenizedData, "tokenizer")
+        data_tokenizer = self.data(TokenizedData).tokenizer
         if data_tokenizer is not None:  # refuse a mismatch now, not while decoding the first validation samples
             check_policy_vocabulary(self.policy, data_tokenizer.vocab_size)
         super().setup(stage)
 
     @property
     def tokenizer(self):
-        data_tokenizer = self.data_value(TokenizedData, "tokenizer")
+        data_tokenizer = self.data(TokenizedData).tokenizer
         if data_tokenizer is not None:
             check_policy_vocabulary(self.policy, data_tokenizer.vocab_size)
             return data_tokenizer
@@ -147,27 +153,40 @@ class SupervisedWarmup(PaperModule):
         return loss
 
     def _accuracy(self, batch, samples: int, temperature: float, seed: int) -> torch.Tensor:
+        """Per prompt, the fraction of ``samples`` completions judged correct; sampled completions are keyed by
+        (``seed``, prompt id, sample index)."""
         num = batch["prompt_ids"].shape[0]
-        generator = torch.Generator(device=self.device).manual_seed(seed)
         counts = torch.full((num,), samples, dtype=torch.long, device=self.device)
+        keys = rollout_keys(seed, batch["prompt_ids"], counts) if temperature > 0 else None
         tokens, mask, group = sample_completions(self.policy, batch["prompt_tokens"], batch["prompt_mask"], counts,
-                                                 self.hparams.max_new_tokens, temperature, self.tokenizer, generator,
-                                                 synced=is_sharded(self.policy))
+                                                 self.hparams.max_new_tokens, temperature, self.tokenizer,
+                                                 row_seeds=keys, synced=is_sharded(self.policy))
         answers = [batch["answers"][int(g)] for g in group.tolist()]
         rewards, flags, _ = self.reward.evaluate(decode_completions(tokens, mask, self.tokenizer), answers)
         rewards = torch.as_tensor(rewards).to(self.device)
         return group_statistics(rewards, group, num, correct=torch.as_tensor(flags))["correct"].float() / samples
 
     def _evaluate(self, batch, batch_idx, split: str) -> None:
-        greedy = self._accuracy(batch, 1, 0.0, batch_idx)
+        greedy = self._accuracy(batch, 1, 0.0, EVALUATION_SEED)
         size = greedy.numel()
-        self.log(f"{split}/greedy_accuracy", greedy.mean(), batch_size=size, sync_dist=True)
+        self._eval_means.add(f"{split}/greedy_accuracy", greedy.mean(), size)
         if self.hparams.eval_samples > 0:
-            sampled = self._accuracy(batch, self.hparams.eval_samples, self.hparams.eval_temperature, batch_idx)
-            self.log(f"{split}/accuracy", sampled.mean(), batch_size=size, sync_dist=True)
+            sampled = self._accuracy(batch, self.hparams.eval_samples, self.hparams.eval_temperature, EVALUATION_SEED)
+            self._eval_means.add(f"{split}/accuracy", sampled.mean(), size)
         if "input_tokens" in batch:
-            self.log(f"{split}/loss", sft_loss(self.policy, batch["input_tokens"], batch["loss_mask"]),
-                     batch_size=size)
+            self._eval_means.add(f"{split}/loss", sft_loss(self.policy, batch["input_tokens"], batch["loss_mask"]),
+                                 size)
+
+    def _log_means(self) -> None:
+        """The epoch's per-prompt means, summed exactly over ranks (`ExactMeans`); the same value on every rank."""
+        for name, value in self._eval_means.compute(self.device).items():
+            self.log(name, value, sync_dist=True)
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_means()
+
+    def on_test_epoch_end(self) -> None:
+        self._log_means()
 
     def validation_step(self, batch, batch_idx):
         self._evaluate(batch, batch_idx, "val")
@@ -221,7 +240,7 @@ class SupervisedWarmup(PaperModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)
         picklable_hyperparameters(checkpoint)
-        tok = self.data_value(TokenizedData, "tokenizer")
+        tok = self.data(TokenizedData).tokenizer
         if tok is not None:
             checkpoint["special_tokens"] = [tok.pad_id, tok.eos_id, tok.bos_id]
 

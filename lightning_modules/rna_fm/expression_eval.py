@@ -14,6 +14,12 @@ model selection and the top-k gene lists only ever see the validation split:
 `SlideExpressionModule` builds its network in ``setup`` from the attached datamodule (the
 `lightning_modules.shared.data_contract.SlideExpressionData` contract: gene count, pathways, feature shape, gene
 statistics, bimodal genes), stores that structure in the checkpoint, and runs the protocol above.
+
+Evaluation does not depend on the number of processes: every slide's noise (its flow-matching loss draws and its
+samples) comes from generators seeded by (``sample_seed``, the slide's global ``index``)
+(`lightning_modules.shared.example_rng.ExampleGenerators`), and the metrics are computed once per epoch from all
+ranks' slides, each counted once (`lightning_modules.shared.example_rng.gather_examples`), so 2 processes report
+one process's numbers.
 """
 from __future__ import annotations
 
@@ -26,8 +32,10 @@ from torch import Tensor
 from lightning_modules.shared.base import PaperModule
 from lightning_modules.shared.data_contract import SlideExpressionData
 from lightning_modules.shared.errors import UserInputError, check_range
+from lightning_modules.shared.example_rng import ExampleGenerators, distributed, gather_examples
 
 STRUCTURE_KEY = "slide_expression_structure"
+LOSS_STREAM, SAMPLE_STREAM = 0, 1  # random streams of a slide: its evaluation-loss draws and its samples
 VAL_R_KEY = "validation_gene_pearson"
 
 
@@ -153,7 +161,8 @@ class SlideExpressionModule(PaperModule):
 
     The network is built in ``setup`` from the attached `SlideExpressionDataModule` (gene count, pathways,
     feature shape); the structure is stored in the checkpoint so ``load_from_checkpoint`` rebuilds it.
-    Subclasses implement ``build(structure)``, ``loss(batch)`` and ``distribution(features, k, generator)``.
+    Subclasses implement ``build(structure)``, ``loss(batch, generator, reduction)`` and
+    ``distribution(features, k, generator)``; in evaluation ``generator`` is an `ExampleGenerators` of the batch.
     """
 
     needs_pathways = False
@@ -232,15 +241,22 @@ class SlideExpressionModule(PaperModule):
             self.val_gene_r = checkpoint[VAL_R_KEY].float()
 
     # ----------------------------------------------------------------------------------------- interface
-    def loss(self, batch: dict[str, Tensor], generator: torch.Generator | None = None) -> Tensor:
+    def loss(self, batch: dict[str, Tensor], generator: torch.Generator | ExampleGenerators | None = None,
+             reduction: str = "mean") -> Tensor:
+        """Training loss of the batch: a scalar, or one value per slide [B] with ``reduction="none"``."""
         raise NotImplementedError
 
-    def distribution(self, features: Tensor, k: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    def distribution(self, features: Tensor, k: int,
+                     generator: torch.Generator | ExampleGenerators) -> tuple[Tensor, Tensor]:
         """(point prediction [B, G], k samples [B, k, G]), standardised."""
         raise NotImplementedError
 
-    def _generator(self, batch_idx: int) -> torch.Generator:
-        return torch.Generator().manual_seed(int(self.hparams.sample_seed) + int(batch_idx))
+    def _generators(self, batch: dict[str, Tensor], stream: int) -> ExampleGenerators:
+        """One generator per slide of ``batch``, seeded by (``sample_seed``, stream, the slide's global index)."""
+        if "index" not in batch:
+            raise UserInputError("evaluation batches need an 'index' entry (each slide's position in its dataset, "
+                                 "which seeds its samples): use SlideExpressionDataModule or add it to your batches.")
+        return ExampleGenerators(int(self.hparams.sample_seed), batch["index"], stream)
 
     def _check_batch(self, batch: dict[str, Tensor]) -> Tensor:
         features = batch["features"]
@@ -261,10 +277,10 @@ class SlideExpressionModule(PaperModule):
 
     def _evaluate(self, stage: str, batch, batch_idx: int, k: int) -> None:
         features = self._check_batch(batch)
-        loss = self.loss(batch, self._generator(batch_idx))
-        self.log(f"{stage}/loss", loss, batch_size=features.shape[0], sync_dist=True)
-        point, samples = self.distribution(features, k, self._generator(batch_idx))
-        self._outputs.setdefault(stage, []).append((point, samples, batch["expression"]))
+        loss = self.loss(batch, self._generators(batch, LOSS_STREAM), reduction="none")
+        point, samples = self.distribution(features, k, self._generators(batch, SAMPLE_STREAM))
+        self._outputs.setdefault(stage, []).append((batch["index"].to(point.device), point, samples,
+                                                    batch["expression"], loss.detach()))
 
     def validation_step(self, batch, batch_idx):
         self._evaluate("val", batch, batch_idx, self.hparams.eval_samples)
@@ -274,46 +290,57 @@ class SlideExpressionModule(PaperModule):
 
     def predict_step(self, batch, batch_idx, dataloader_idx: int = 0) -> Tensor:
         """Point prediction in log2(x+1) units, [B, G] (RNA-FM: mean of ``eval_samples`` samples)."""
-        point, _ = self.distribution(self._check_batch(batch), self.hparams.eval_samples, self._generator(batch_idx))
+        features = self._check_batch(batch)
+        point, _ = self.distribution(features, self.hparams.eval_samples, self._generators(batch, SAMPLE_STREAM))
         return self.to_log_space(point)
 
     def prediction_fields(self, outputs: Tensor, batch: dict) -> dict:
         """The predicted expression of each slide, named by its slide id (written as a genes x slides CSV)."""
-        slide_ids = self.data_value(SlideExpressionData, "slide_ids")
+        slide_ids = self.data(SlideExpressionData).slide_ids
         index = batch["index"].tolist()
         return {"id": [slide_ids[i] for i in index] if slide_ids is not None else [str(i) for i in index],
                 "expression": outputs}
 
-    def _gathered(self, stage: str) -> tuple[Tensor, Tensor, Tensor]:
+    def _gathered(self, stage: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(point, samples, target, loss) of every slide of the epoch on all ranks, once each, in index order."""
         outputs = self._outputs.pop(stage, [])
-        point, samples, target = (torch.cat([o[i] for o in outputs]) for i in range(3))
-        if self._trainer is not None and self.trainer.world_size > 1:
-            point, samples, target = (self.all_gather(x).flatten(0, 1) for x in (point, samples, target))
-        return point, samples, target
+        if outputs:
+            index, point, samples, target, loss = (torch.cat([o[i] for o in outputs]) for i in range(5))
+        else:  # a rank without slides (fewer slides than ranks) still takes part in the gather
+            g = self.structure["num_genes"]
+            k = self.hparams.eval_samples if stage == "val" else self.hparams.test_samples
+            index, loss = torch.zeros(0, dtype=torch.long, device=self.device), torch.zeros(0, device=self.device)
+            point, target = torch.zeros(0, g, device=self.device), torch.zeros(0, g, device=self.device)
+            samples = torch.zeros(0, k, g, device=self.device)
+        _, point, samples, target, loss = gather_examples(index, point, samples, target, loss)
+        return point, samples, target, loss
 
     def on_validation_epoch_end(self) -> None:
-        if "val" not in self._outputs:
+        if "val" not in self._outputs and not distributed():
             return
-        point, samples, target = self._gathered("val")
+        point, samples, target, loss = self._gathered("val")
+        # every rank holds all slides, so each value is the same on every rank (sync_dist averages equal values)
+        self.log("val/loss", loss.mean(), sync_dist=True)
         self.val_gene_r = per_gene_pearson(point, target).float()
-        self.log("val/pearson", self.val_gene_r.mean())
-        self.log("val/rmse", (((point - target) ** 2).mean(0).sqrt() * self.gene_std).mean())
+        self.log("val/pearson", self.val_gene_r.mean(), sync_dist=True)
+        self.log("val/rmse", (((point - target) ** 2).mean(0).sqrt() * self.gene_std).mean(), sync_dist=True)
         self.after_validation(point, target)
 
     def after_validation(self, point: Tensor, target: Tensor) -> None:
         """Hook (regressors estimate their residual std here)."""
 
     def bimodal_genes(self) -> Tensor | None:
-        mask = self.data_value(SlideExpressionData, "bimodal_genes")
+        mask = self.data(SlideExpressionData).bimodal_genes
         return None if mask is None else torch.as_tensor(mask, dtype=torch.bool)
 
     def on_test_epoch_end(self) -> None:
-        if "test" not in self._outputs:
+        if "test" not in self._outputs and not distributed():
             return
-        point, samples, target = self._gathered("test")
+        point, samples, target, loss = self._gathered("test")
         chosen = top_k_genes(self.val_gene_r, self.hparams.top_ks) if self.val_gene_r is not None else None
         metrics, _ = expression_metrics(point, samples, target, self.gene_std, chosen, self.bimodal_genes(),
                                         self.hparams.coverage_level, self.hparams.fdr_alpha)
         self.test_metrics = metrics
+        self.log("test/loss", loss.mean(), sync_dist=True)
         for name, value in metrics.items():
-            self.log(f"test/{name}", value)
+            self.log(f"test/{name}", value, sync_dist=True)

@@ -24,6 +24,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 
 from lightning_modules.shared.errors import UserInputError, check_range
+from lightning_modules.shared.example_rng import draw_normal
 from lightning_modules.rna_fm.expression_eval import SlideExpressionModule
 
 
@@ -40,12 +41,15 @@ class ExpressionRegressor(SlideExpressionModule):
     def forward(self, features: Tensor) -> Tensor:
         return self.net(features)
 
-    def loss(self, batch: dict[str, Tensor], generator: torch.Generator | None = None) -> Tensor:
-        return F.mse_loss(self(self._check_batch(batch)), batch["expression"])
+    def loss(self, batch: dict[str, Tensor], generator=None, reduction: str = "mean") -> Tensor:
+        prediction = self(self._check_batch(batch))
+        if reduction == "mean":
+            return F.mse_loss(prediction, batch["expression"])
+        return ((prediction - batch["expression"]) ** 2).mean(1)
 
-    def distribution(self, features: Tensor, k: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    def distribution(self, features: Tensor, k: int, generator) -> tuple[Tensor, Tensor]:
         point = self(features)
-        noise = torch.randn(point.shape[0], k, point.shape[1], generator=generator).to(point)
+        noise = draw_normal((point.shape[0], k, point.shape[1]), generator, "cpu").to(point)
         return point, point.unsqueeze(1) + noise * self.residual_std
 
     def after_validation(self, point: Tensor, target: Tensor) -> None:

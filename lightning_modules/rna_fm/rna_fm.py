@@ -79,8 +79,9 @@ Deviations and reconstructions (configurable where they are choices)
 * Per-pathway weights are stored per size bucket (pathways padded to the bucket's largest size, buckets
   doubling in size), so the forward pass is a few batched einsums instead of a loop over 380 pathways; padded
   weights receive zero gradient and never influence the output.
-* Prediction averages ``eval_samples`` samples (official: one sample, generator seed 42); noise is drawn from a
-  CPU generator seeded with ``sample_seed + batch_idx`` so predictions are reproducible.
+* Prediction averages ``eval_samples`` samples (official: one sample, generator seed 42); each slide's noise is
+  drawn from a CPU generator seeded with (``sample_seed``, the slide's global index), so predictions and metrics
+  are reproducible and the same with any number of processes (`lightning_modules.shared.example_rng`).
 * EMA: use ``callbacks.ema.EMAWeights`` (configs); the official decay ramp (0.85 -> 0.999 over 10k steps) is
   replaced by that callback's ``warmup`` ramp.
 * p-values use ``scipy.special.betainc`` (scipy comes with scikit-learn); the official code uses
@@ -98,6 +99,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 
 from lightning_modules.shared.errors import UserInputError, check_range
+from lightning_modules.shared.example_rng import ExampleGenerators, draw_normal, draw_uniform
 from lightning_modules.rna_fm.expression_eval import SlideExpressionModule
 
 MASK_VALUE = -1e4
@@ -467,16 +469,20 @@ class RNAFM(SlideExpressionModule):
             drop = torch.rand(b, device=features.device) < self.hparams.cfg_drop_prob
         return torch.where(drop[:, None, None], self.empty_condition.to(features.dtype), features)
 
-    def loss(self, batch: dict[str, Tensor], generator: torch.Generator | None = None) -> Tensor:
+    def loss(self, batch: dict[str, Tensor], generator: torch.Generator | ExampleGenerators | None = None,
+             reduction: str = "mean") -> Tensor:
+        """Flow-matching loss; t and x0 from the global RNG (training), ``generator`` or per-slide generators."""
         features, x1 = self._check_batch(batch), batch["expression"]
         if generator is None:
             t = torch.rand(x1.shape[0], device=x1.device, dtype=x1.dtype)
             x0 = torch.randn_like(x1)
         else:
-            t = torch.rand(x1.shape[0], generator=generator).to(x1)
-            x0 = torch.randn(x1.shape, generator=generator).to(x1)
+            t = draw_uniform((x1.shape[0],), generator, "cpu").to(x1)
+            x0 = draw_normal(x1.shape, generator, "cpu").to(x1)
         v = self.velocity(interpolate(x0, x1, t), t, self.drop_condition(features))
-        return F.mse_loss(v, target_velocity(x0, x1))
+        if reduction == "mean":
+            return F.mse_loss(v, target_velocity(x0, x1))
+        return ((v - target_velocity(x0, x1)) ** 2).mean(1)
 
     def guided_velocity(self, x: Tensor, t: Tensor, condition: Tensor, empty: Tensor) -> Tensor:
         """CFG velocity from condition embeddings [B, H] and the empty embedding [1, H] (one batched pass)."""
@@ -488,10 +494,11 @@ class RNAFM(SlideExpressionModule):
         return cfg_combine(v_cond, v_uncond, scale)
 
     @torch.no_grad()
-    def sample(self, features: Tensor, k: int = 1, generator: torch.Generator | None = None) -> Tensor:
-        """k samples per slide, standardised: [B, k, G]."""
+    def sample(self, features: Tensor, k: int = 1, generator: torch.Generator | ExampleGenerators | None = None
+               ) -> Tensor:
+        """k samples per slide, standardised: [B, k, G] (per-slide noise with `ExampleGenerators`)."""
         b, g = features.shape[0], self.structure["num_genes"]
-        x0 = torch.randn(b * k, g, generator=generator).to(features)
+        x0 = draw_normal((b, k, g), generator, "cpu").to(features).reshape(b * k, g)
         condition, empty = self.condition_embeddings(features)
         condition = condition.repeat_interleave(k, 0)
 
@@ -500,6 +507,7 @@ class RNAFM(SlideExpressionModule):
 
         return integrate(field, x0, self.hparams.sampling_steps, self.hparams.sampler).reshape(b, k, g)
 
-    def distribution(self, features: Tensor, k: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    def distribution(self, features: Tensor, k: int,
+                     generator: torch.Generator | ExampleGenerators) -> tuple[Tensor, Tensor]:
         samples = self.sample(features, k, generator)
         return samples.mean(1), samples

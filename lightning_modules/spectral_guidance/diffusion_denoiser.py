@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from lightning_modules.shared.base import PaperModule
 from lightning_modules.shared.denoisers import from_model_range
 from lightning_modules.shared.errors import UserInputError, check_range
+from lightning_modules.shared.example_rng import ExampleGenerators, draw_integers, draw_normal
 from lightning_modules.spectral_guidance.guided_sampling import guided_ddim_sample, predict_eps
 
 BETA_SCHEDULES = ("linear", "scaled_linear", "squaredcos_cap_v2")
@@ -56,6 +57,19 @@ def load_diffusers_unet(path: str) -> nn.Module:
         return UNet2DModel.from_pretrained(path, subfolder=subfolder, local_files_only=True)
     except (OSError, ValueError, EnvironmentError) as err:
         raise UserInputError(f"denoiser_path '{path}' could not be loaded as a UNet2DModel: {err}") from None
+
+
+EVALUATION_SEED = 0  # evaluation noise is the same in every run (as the validation split is)
+STREAM_LOSS, STREAM_SAMPLES, STREAM_FEATURES = 0, 1, 2
+
+
+def evaluation_generators(batch, batch_idx: int, stream: int = STREAM_LOSS) -> ExampleGenerators | torch.Generator:
+    """The evaluation noise of a `datamodules.toy_distributions.DiffusionToyDataModule` batch ``(x, label, index)``:
+    one generator per example seeded by (stream, its index), so the noise does not depend on batching or on the
+    number of processes; a batch without an index gets one generator seeded by (stream, batch index)."""
+    if isinstance(batch, (tuple, list)) and len(batch) == 3:
+        return ExampleGenerators(EVALUATION_SEED, batch[2], stream)
+    return torch.Generator().manual_seed(batch_idx * 7 + stream)
 
 
 NO_TEST_STAGE = ("DiffusionDenoiser has no test stage: the toy distributions have no test split and its held-out "
@@ -111,11 +125,10 @@ class DiffusionDenoiser(PaperModule):
                                  "frozen. Set train_pretrained: true to fine-tune it, or use it for sampling only.")
         return params
 
-    def _loss(self, x0: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        t = torch.randint(0, self.schedule["num_train_timesteps"], (len(x0),), generator=generator,
-                          device="cpu" if generator is not None else x0.device).to(x0.device)
-        noise = torch.randn(x0.shape, generator=generator, device="cpu" if generator is not None else x0.device)
-        noise = noise.to(x0)
+    def _loss(self, x0: Tensor, generator: torch.Generator | ExampleGenerators | None = None) -> Tensor:
+        where = "cpu" if generator is not None else x0.device
+        t = draw_integers(0, self.schedule["num_train_timesteps"], (len(x0),), generator, where).to(x0.device)
+        noise = draw_normal(x0.shape, generator, where).to(x0)
         x_t = self.noise_scheduler.add_noise(x0, noise, t)
         return F.mse_loss(self(x_t, t), noise)
 
@@ -125,7 +138,7 @@ class DiffusionDenoiser(PaperModule):
         return loss
 
     def validation_step(self, batch, batch_idx):
-        loss = self._loss(batch[0], torch.Generator().manual_seed(batch_idx))
+        loss = self._loss(batch[0], evaluation_generators(batch, batch_idx))
         self.log("val/loss", loss, prog_bar=True, sync_dist=True)
         return loss
 
@@ -134,16 +147,17 @@ class DiffusionDenoiser(PaperModule):
 
     @torch.no_grad()
     def sample(self, num_samples: int, data_shape: tuple[int, ...], num_inference_steps: int | None = None,
-               eta: float | None = None, generator: torch.Generator | None = None) -> Tensor:
+               eta: float | None = None, generator: torch.Generator | ExampleGenerators | None = None) -> Tensor:
         """Unguided DDIM samples [num_samples, *data_shape]."""
         return guided_ddim_sample(self.denoiser, self.ddim_scheduler(), (num_samples, *data_shape),
                                   num_inference_steps or self.sample_steps, None,
                                   self.sample_eta if eta is None else eta, generator, self.device)
 
     def predict_step(self, batch, batch_idx, dataloader_idx: int = 0):
-        """DDIM samples shaped like the batch, seeded by the batch index (deterministic)."""
+        """DDIM samples shaped like the batch, one per example, seeded by the example's index (deterministic)."""
         x0 = batch[0]
-        return self.sample(len(x0), tuple(x0.shape[1:]), generator=torch.Generator().manual_seed(batch_idx))
+        return self.sample(len(x0), tuple(x0.shape[1:]),
+                           generator=evaluation_generators(batch, batch_idx, STREAM_SAMPLES))
 
     def prediction_fields(self, outputs, batch) -> dict:
         """The samples: images in [0, 1] (written as a PNG grid), points as they are (one CSV row each)."""

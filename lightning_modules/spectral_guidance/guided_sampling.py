@@ -22,6 +22,7 @@ from diffusers import DDIMScheduler
 from torch import Tensor, nn
 
 from lightning_modules.shared.errors import UserInputError, check_range
+from lightning_modules.shared.example_rng import ExampleGenerators, draw_normal
 
 if TYPE_CHECKING:  # the encoder module imports this one
     from lightning_modules.spectral_guidance.spectral_guidance import SpectralGuidanceEncoder
@@ -162,7 +163,7 @@ class DPSStyleGuide:
 
 def guided_ddim_step(scheduler: DDIMScheduler, denoiser: nn.Module, x: Tensor, t: Tensor | int,
                      guide: Callable | None = None, eta: float = 0.0,
-                     generator: torch.Generator | None = None) -> Tensor:
+                     generator: torch.Generator | ExampleGenerators | None = None) -> Tensor:
     """One DDIM step with an optional guidance shift of x_t. eps_hat comes from the denoiser under no_grad
     (computed before the shift, as in the official code) unless the guide itself needs the denoiser's gradient
     (the DPS-style baseline), in which case ``guide.shift_and_eps`` returns both."""
@@ -174,13 +175,17 @@ def guided_ddim_step(scheduler: DDIMScheduler, denoiser: nn.Module, x: Tensor, t
         shift = guide(x, int(t)) if guide is not None else None
     if shift is not None:
         x = x + shift
+    if isinstance(generator, ExampleGenerators):  # diffusers draws row b of the step noise from generator b
+        generator = generator.generators
     return scheduler.step(eps, t, x, eta=eta, generator=generator).prev_sample
 
 
 def guided_ddim_sample(denoiser: nn.Module, scheduler: DDIMScheduler, shape: tuple[int, ...], num_inference_steps: int,
-                       guide: Callable | None = None, eta: float = 0.0, generator: torch.Generator | None = None,
+                       guide: Callable | None = None, eta: float = 0.0,
+                       generator: torch.Generator | ExampleGenerators | None = None,
                        device: torch.device | str = "cpu") -> Tensor:
-    """DDIM sampling (diffusers scheduler) from pure noise, with an optional guide at every step."""
+    """DDIM sampling (diffusers scheduler) from pure noise, with an optional guide at every step. With
+    `ExampleGenerators` (one per sample) every sample's initial and step noise comes from its own generator."""
     check_range("num_inference_steps", num_inference_steps, 1, scheduler.config.num_train_timesteps)
     scheduler.set_timesteps(num_inference_steps)
     if guide is not None and hasattr(guide, "is_guided") and not any(guide.is_guided(int(t)) for t in
@@ -188,7 +193,8 @@ def guided_ddim_sample(denoiser: nn.Module, scheduler: DDIMScheduler, shape: tup
         raise UserInputError(f"no DDIM timestep of {num_inference_steps} steps lies on the encode grid inside the "
                              "guidance window, so nothing would be guided: choose num_inference_steps so that the "
                              "timesteps land on the grid (T=1000: 50 or 100) or widen guidance_t_min/max.")
-    x = torch.randn(shape, generator=generator, device="cpu" if generator is None else generator.device).to(device)
+    x = draw_normal(shape, generator, "cpu" if generator is None or isinstance(generator, ExampleGenerators)
+                    else generator.device).to(device)
     for t in scheduler.timesteps:
         x = guided_ddim_step(scheduler, denoiser, x, t, guide, eta, generator).detach()
     return x

@@ -7,8 +7,8 @@ spectral.py, encode.py, guidance.py, the two example notebooks); details the cod
 "Deviations and reconstructions".
 
 Files: this module holds the encoders, the spectral math and `SpectralGuidanceEncoder`; the guided samplers
-(`SpectralGuide`, the DPS-style baseline, guided DDIM) are in `lightning_modules.spectral_guidance.guided_sampling`, the DDPM prior
-`DiffusionDenoiser` and the noise schedules in `lightning_modules.spectral_guidance.diffusion_denoiser`.
+(`SpectralGuide`, the DPS-style baseline, guided DDIM) are in `lightning_modules.spectral_guidance.guided_sampling`, the
+DDPM prior `DiffusionDenoiser` and the noise schedules in `lightning_modules.spectral_guidance.diffusion_denoiser`.
 
 Method
 ------
@@ -72,6 +72,11 @@ Deviations and reconstructions
 * Training t is drawn uniformly from {train_t_min, + train_t_step, ... < T} (default the encode grid), one per batch.
   ``num_chunks`` (memory splitting), DDP all-reduce of the scatter matrix and bf16 autocast are not implemented: the
   whitening uses the batch of the process (under DDP, each rank whitens its own shard: a documented difference).
+  Validation is the exception: each example's two noisy views come from generators seeded by its index in the
+  validation split (`lightning_modules.spectral_guidance.diffusion_denoiser.evaluation_generators`), the features
+  of all ranks are gathered at the end of the epoch and the objective is computed over consecutive blocks of the
+  validation loader's batch size in index order, i.e. over one process's batches: ``val/*`` are the same with any
+  number of processes.
 * The paper's LR schedule (ExponentialLR 0.995 per *epoch*) is expressed per optimiser step in paper.yaml (the
   collection steps schedulers per step).
 * The time embedding of the encoders follows the official examples (sinusoid of the raw integer t, MLP d -> 4d -> d
@@ -97,8 +102,11 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 
 from lightning_modules.shared.base import PaperModule
-from lightning_modules.spectral_guidance.diffusion_denoiser import DiffusionDenoiser, check_schedule, load_diffusers_unet, make_scheduler
+from lightning_modules.spectral_guidance.diffusion_denoiser import (STREAM_FEATURES, STREAM_LOSS, DiffusionDenoiser,
+                                                                    check_schedule, evaluation_generators,
+                                                                    load_diffusers_unet, make_scheduler)
 from lightning_modules.shared.errors import UserInputError, check_range
+from lightning_modules.shared.example_rng import ExampleGenerators, distributed, draw_normal, gather_examples
 from lightning_modules.spectral_guidance.guided_sampling import SpectralGuide, guided_ddim_sample
 
 log = logging.getLogger(__name__)
@@ -361,6 +369,8 @@ class SpectralGuidanceEncoder(PaperModule):
         for t in val_timesteps:
             check_range("val_timesteps entry", t, 0, num_train_timesteps - 1)
         self.val_timesteps = list(val_timesteps)
+        self._val_features: list[tuple[Tensor, Tensor, Tensor]] = []
+        self._val_batch_size = 0
         self.encode_t_min, self.encode_t_step = encode_t_min, encode_t_step
         self.register_buffer("encode_timesteps", grid)
         self.register_buffer("encoded", torch.tensor(False))
@@ -378,19 +388,24 @@ class SpectralGuidanceEncoder(PaperModule):
         t = torch.as_tensor(t, device=x.device).reshape(-1).expand(len(x)).long()
         return self.encoder(x, t)
 
-    def _noisy_views(self, x0: Tensor, t: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    def _noisy_views(self, x0: Tensor, t: int, generator: torch.Generator | ExampleGenerators | None = None
+                     ) -> tuple[Tensor, Tensor]:
         t_batch = torch.full((len(x0),), t, device=x0.device, dtype=torch.long)
         views = []
         for _ in range(2):
-            noise = torch.randn(x0.shape, generator=generator, device="cpu" if generator is not None else x0.device)
+            noise = draw_normal(x0.shape, generator, "cpu" if generator is not None else x0.device)
             views.append(self.noise_scheduler.add_noise(x0, noise.to(x0), t_batch))
         return views[0], views[1]
 
-    def objective(self, x0: Tensor, t: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-        """(loss, lambda_hat) of the two-view objective on a batch at one shared t."""
-        if len(x0) <= self.num_features:
-            raise UserInputError(f"a batch of {len(x0)} samples cannot whiten K={self.num_features} features: use "
+    def _check_whitening_batch(self, n: int) -> None:
+        if n <= self.num_features:
+            raise UserInputError(f"a batch of {n} samples cannot whiten K={self.num_features} features: use "
                                  f"batch_size > K (the paper uses batches of 1024-2048).")
+
+    def objective(self, x0: Tensor, t: int, generator: torch.Generator | ExampleGenerators | None = None
+                  ) -> tuple[Tensor, Tensor]:
+        """(loss, lambda_hat) of the two-view objective on a batch at one shared t."""
+        self._check_whitening_batch(len(x0))
         x_a, x_b = self._noisy_views(x0, t, generator)
         with torch.no_grad():
             phi_a = self(x_a, t)
@@ -404,22 +419,72 @@ class SpectralGuidanceEncoder(PaperModule):
         return loss
 
     def validation_step(self, batch, batch_idx):
-        gen = torch.Generator().manual_seed(batch_idx)
-        losses = []
+        """Batches with an index (``DiffusionToyDataModule``): keep both views' features at every validation t; the
+        objective is computed in `on_validation_epoch_end`. Other batches: the objective of this batch."""
+        generator = evaluation_generators(batch, batch_idx, STREAM_LOSS)
+        if not isinstance(generator, ExampleGenerators):
+            losses = []
+            for t in self.val_timesteps:
+                loss, lam = self.objective(batch[0], t, generator)
+                losses.append(loss)
+                self.log(f"val/eigenvalue_mean_t{t}", lam.mean(), sync_dist=True)
+            self.log("val/loss", torch.stack(losses).mean(), prog_bar=True, sync_dist=True)
+            return
+        x0, views_a, views_b = batch[0], [], []
         for t in self.val_timesteps:
-            loss, lam = self.objective(batch[0], t, gen)
-            losses.append(loss)
-            self.log(f"val/eigenvalue_mean_t{t}", lam.mean(), sync_dist=True)
-        loss = torch.stack(losses).mean()
-        self.log("val/loss", loss, prog_bar=True, sync_dist=True)
-        return loss
+            x_a, x_b = self._noisy_views(x0, t, generator)
+            views_a.append(self(x_a, t).float())
+            views_b.append(self(x_b, t).float())
+        self._val_features.append((batch[2].to(x0.device), torch.stack(views_a, 1), torch.stack(views_b, 1)))
+        self._val_batch_size = max(self._val_batch_size, len(x0))
+
+    def _validation_batch_size(self) -> int:
+        """The validation loader's batch size (one process's batches), else the largest batch any rank saw."""
+        loader = self.trainer.val_dataloaders if self._trainer is not None else None
+        size = getattr(loader, "batch_size", None)
+        if size:
+            return int(size)
+        seen = torch.tensor(float(self._val_batch_size), device=self.device)
+        if distributed():
+            torch.distributed.all_reduce(seen, op=torch.distributed.ReduceOp.MAX)
+        return int(seen)
+
+    def on_validation_epoch_end(self) -> None:
+        """The two-view objective over all ranks' validation features, in index order and in blocks of the loader's
+        batch size (one process's batches); epoch values are means over blocks weighted by block size."""
+        rows, self._val_features = self._val_features, []
+        if not rows and not distributed():  # nothing validated (or batches without an index, logged per batch)
+            return
+        index = torch.cat([r[0] for r in rows]) if rows else torch.zeros(0, dtype=torch.long, device=self.device)
+        k, width = self.num_features, len(self.val_timesteps)
+        empty = torch.zeros(0, width, k, device=self.device)
+        phi_a = torch.cat([r[1] for r in rows]) if rows else empty
+        phi_b = torch.cat([r[2] for r in rows]) if rows else empty
+        size = self._validation_batch_size()
+        self._val_batch_size = 0
+        _, phi_a, phi_b = gather_examples(index, phi_a, phi_b)
+        if len(phi_a) == 0:
+            return
+        losses, eigenvalues, weights = [], [], []
+        for start in range(0, len(phi_a), size):
+            a, b = phi_a[start:start + size], phi_b[start:start + size]
+            self._check_whitening_batch(len(a))
+            per_t = [two_view_loss(a[:, j], b[:, j], self.ridge, self.eps) for j in range(width)]
+            losses.append(torch.stack([loss for loss, _ in per_t]).mean())
+            eigenvalues.append(torch.stack([lam.mean() for _, lam in per_t]))
+            weights.append(float(len(a)))
+        w = torch.tensor(weights, device=phi_a.device)
+        self.log("val/loss", (torch.stack(losses) * w).sum() / w.sum(), prog_bar=True, sync_dist=True)
+        mean_eigenvalues = (torch.stack(eigenvalues) * w[:, None]).sum(0) / w.sum()
+        for j, t in enumerate(self.val_timesteps):
+            self.log(f"val/eigenvalue_mean_t{t}", mean_eigenvalues[j], sync_dist=True)
 
     def predict_step(self, batch, batch_idx, dataloader_idx: int = 0):
         """Features of the batch noised at the middle validation t (seeded noise): whitened (with the constant
         column) once encoded, raw f_theta before."""
         x0 = batch[0]
         t = self.val_timesteps[len(self.val_timesteps) // 2]
-        x_t, _ = self._noisy_views(x0, t, torch.Generator().manual_seed(batch_idx))
+        x_t, _ = self._noisy_views(x0, t, evaluation_generators(batch, batch_idx, STREAM_FEATURES))
         if bool(self.encoded) and self.grid_index(t) is not None:
             return self.forward_whitened(x_t, t)
         return self(x_t, t)

@@ -81,12 +81,15 @@ from lightning_modules.shared.base import PaperModule
 from lightning_modules.shared.data_contract import FaceIdentityData
 from lightning_modules.shared.denoisers import UNet, from_model_range, to_model_range
 from lightning_modules.shared.errors import UserInputError, check_range
+from lightning_modules.shared.example_rng import (ExampleGenerators, ExactMeans, draw_integers, draw_normal,
+                                                  draw_uniform)
 
 log = logging.getLogger(__name__)
 
 PARTS = ("encoder", "vip", "generator")
 M32 = 0xFFFFFFFF
 STREAM_ROTATION, STREAM_KEYSTREAM, STREAM_LSH = 1, 2, 3
+STREAM_VALIDATION, STREAM_PREDICT = 0, 1  # per-example evaluation draws (`ExampleGenerators` streams)
 MAX_KEY = 2 ** 31 - 1
 
 
@@ -233,8 +236,8 @@ def message_bits(v: Tensor, keys: Tensor, num_bits: int) -> Tensor:
     return torch.einsum("bld,bd->bl", planes.to(v.dtype), v) > 0
 
 
-def watermark_latents(message: Tensor, keys: Tensor, shape: Sequence[int], generator: torch.Generator | None = None
-                      ) -> Tensor:
+def watermark_latents(message: Tensor, keys: Tensor, shape: Sequence[int],
+                      generator: torch.Generator | ExampleGenerators | None = None) -> Tensor:
     """Gaussian-Shading initial noise [B, *shape]: element j carries b = m[j mod L] XOR s_k[j] as
     z_j = Phi^-1((u_j + b) / 2), u_j ~ U(0, 1); elements beyond the last full replica are plain N(0, 1)."""
     batch, num_bits = message.shape
@@ -247,7 +250,7 @@ def watermark_latents(message: Tensor, keys: Tensor, shape: Sequence[int], gener
     index = torch.arange(n, device=device)
     carried = index < (n // num_bits) * num_bits
     bits = message[:, index % num_bits] ^ keyed_bits(keys.to(device), n, STREAM_KEYSTREAM)
-    u = torch.rand(batch, n, generator=generator, device=device).clamp(1e-7, 1 - 1e-7)
+    u = draw_uniform((batch, n), generator, device).clamp(1e-7, 1 - 1e-7)
     z = torch.where(carried, torch.special.ndtri((u + bits.float()) / 2), torch.special.ndtri(u))
     return z.view(batch, *shape)
 
@@ -357,7 +360,9 @@ class TIVDiff(PaperModule):
         num_inference_steps: DDIM steps for sampling and inversion; clip_sample: clamp x0 while sampling;
         inversion_refinements: fixed-point iterations per inversion step (`ddim_invert`).
         watermark_bits: message length L.
-        sample_seed: seed of the Gaussian-Shading uniforms in predict_step (plus the batch index).
+        sample_seed: seed of the evaluation draws: each example's Gaussian-Shading uniforms in predict_step and
+            its diffusion-loss noise in validation come from a generator seeded by (sample_seed, the example's
+            ``index`` in the data), so they do not depend on batching or on the number of processes.
     """
 
     no_test_stage = NO_TEST_STAGE
@@ -407,6 +412,7 @@ class TIVDiff(PaperModule):
         self.train_parts = train_parts
         self.resolution, self.embedding_dim, self.watermark_bits = image_resolution, embedding_dim, watermark_bits
         self.num_inference_steps, self.sample_seed = num_inference_steps, sample_seed
+        self._val_means = ExactMeans()
         self.encoder = IdentityEncoder(image_resolution, embedding_dim, encoder_channels)
         self.identity_head = nn.Parameter(torch.randn(num_train_identities, embedding_dim) / embedding_dim ** 0.5)
         self.vip = VirtualIdentityProjection(embedding_dim, vip_hidden)
@@ -429,7 +435,7 @@ class TIVDiff(PaperModule):
     # ------------------------------------------------------------------------------------------- setup
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        wanted = self.data_value(FaceIdentityData, "num_train_identities")
+        wanted = self.data(FaceIdentityData).num_train_identities
         if stage == "fit" and wanted is not None and wanted > self.hparams.num_train_identities:
             raise UserInputError(f"the data has {wanted} training identities but num_train_identities="
                                  f"{self.hparams.num_train_identities}: set model.init_args.num_train_identities "
@@ -478,13 +484,12 @@ class TIVDiff(PaperModule):
         return parts
 
     def diffusion_loss(self, images: Tensor, geometry: Tensor, e: Tensor,
-                       generator: torch.Generator | None = None) -> Tensor:
+                       generator: torch.Generator | ExampleGenerators | None = None) -> Tensor:
         x0 = to_model_range(images)
         n = len(x0)
-        t = torch.randint(0, self.noise_scheduler.config.num_train_timesteps, (n,), device=x0.device,
-                          generator=generator)
-        noise = torch.randn(x0.shape, device=x0.device, generator=generator)
-        cond_noise = torch.randn(e.shape, device=e.device, generator=generator)
+        t = draw_integers(0, self.noise_scheduler.config.num_train_timesteps, (n,), generator, x0.device)
+        noise = draw_normal(x0.shape, generator, x0.device)
+        cond_noise = draw_normal(e.shape, generator, e.device)
         cond = F.normalize(e + self.hparams.cond_noise * cond_noise, dim=-1)
         x_t = self.noise_scheduler.add_noise(x0, noise, t)
         pred = self.generator(torch.cat([x_t, to_model_range(geometry)], 1), t, cond)
@@ -527,17 +532,30 @@ class TIVDiff(PaperModule):
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         n = len(batch["image"])
-        generator = torch.Generator(device=self.device).manual_seed(1_000_003 + batch_idx)
+        generator = self._example_generators(batch, batch_idx, STREAM_VALIDATION)
         keys = batch["key"]
         losses = self._losses(batch, generator, keys, (keys + 7919) % MAX_KEY)
-        logged = {f"val/{k}": v for k, v in losses.items()}
+        for k, v in losses.items():  # batch means, weighted by batch size over the epoch
+            self._val_means.add(f"val/{k}", v, n)
         e = self.embed(batch["image"])
         labels = batch["identity"]
         in_head = labels < self.identity_head.shape[0]
         if bool(in_head.any()):
             predicted = (e[in_head] @ F.normalize(self.identity_head, dim=-1).T).argmax(-1)
-            logged["val/id_accuracy"] = (predicted == labels[in_head]).float().mean()
-        self.log_dict(logged, prog_bar=False, batch_size=n, sync_dist=True)
+            self._val_means.add("val/id_accuracy", (predicted == labels[in_head]).float().mean(), int(in_head.sum()))
+
+    def on_validation_epoch_end(self) -> None:
+        """The epoch's means, summed exactly over ranks (`ExactMeans`); the same value on every rank."""
+        for name, value in self._val_means.compute(self.device).items():
+            self.log(name, value, sync_dist=True)
+
+    def _example_generators(self, batch: dict, batch_idx: int, stream: int) -> ExampleGenerators | torch.Generator:
+        """One generator per example seeded by (``sample_seed``, stream, its ``index``); a batch without an index
+        (a hand-made one) gets one generator seeded by (``sample_seed``, stream, batch index)."""
+        if "index" in batch:
+            return ExampleGenerators(self.sample_seed, batch["index"], stream)
+        return torch.Generator(device=self.device).manual_seed(self.sample_seed * 1_000_003 + stream * 7_919
+                                                               + batch_idx)
 
     @torch.no_grad()
     def generate(self, cond: Tensor, geometry: Tensor, z: Tensor, steps: int | None = None) -> Tensor:
@@ -553,7 +571,7 @@ class TIVDiff(PaperModule):
                            steps or self.num_inference_steps, self.inversion_refinements)
 
     @torch.no_grad()
-    def watermarked_noise(self, v: Tensor, keys: Tensor, generator: torch.Generator | None = None
+    def watermarked_noise(self, v: Tensor, keys: Tensor, generator: torch.Generator | ExampleGenerators | None = None
                           ) -> tuple[Tensor, Tensor]:
         """(message [B, L], IGGW initial noise [B, 1, S, S]) for virtual identities v and user keys."""
         message = message_bits(v, keys, self.watermark_bits)
@@ -572,8 +590,7 @@ class TIVDiff(PaperModule):
         images, geometry, _ = self._unpack(batch)
         keys = batch["key"]
         v = self.virtual_identity(self.embed(images), keys)
-        generator = torch.Generator(device=self.device).manual_seed(self.sample_seed + batch_idx)
-        message, z = self.watermarked_noise(v, keys, generator)
+        message, z = self.watermarked_noise(v, keys, self._example_generators(batch, batch_idx, STREAM_PREDICT))
         faces = self.generate(v, geometry, z)
         accuracy = bit_accuracy(extract_message(self.invert(faces, v, geometry), keys, self.watermark_bits), message)
         return {"virtual_id": v, "virtual_face": faces, "watermark_bit_accuracy": accuracy}
