@@ -195,7 +195,7 @@ def test_claims_command_prints_one_table_of_every_paper(capsys):
 def test_claims_command_options(capsys, tmp_path):
     assert claims.claims_command(["--paper", "phyb"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 3 and lines[2].startswith("| phyb |") and "n=3" in lines[2]
+    assert len(lines) == 3 and lines[2].startswith("| phyb |") and "n=5" in lines[2]  # 5 seeds
     assert claims.claims_command(["--results", str(tmp_path)]) == 0  # nothing run yet: every row says so
     rows = capsys.readouterr().out.strip().splitlines()[2:]
     assert len(rows) == 19 and all("no result file" in row and row.endswith("| not held |") for row in rows)

@@ -130,6 +130,7 @@ DDP_FAMILIES = {
     "ec_cem": ("configs/ec_cem/quick.yaml", [], ()),
     "dynamics_ensemble": ("configs/phyb/ensemble_quick.yaml", [], ()),
     "phyb": ("configs/phyb/quick.yaml", [], (r"val/td_error",)),  # V(s') samples candidate actions per process
+    "td3_bc": ("configs/phyb/td3_bc_quick.yaml", [], ()),  # validation targets without smoothing noise
     "infogeo": ("configs/infogeo/quick.yaml", [], ()),  # retrieval descriptors gathered once, ranked once
     "causal_agent": ("configs/causcibench/quick.yaml", [], ()),
     "speech_content_pretraining": ("configs/pclm/pretrain_quick.yaml", [], ()),

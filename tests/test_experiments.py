@@ -110,6 +110,7 @@ class _CountingBar:
         return lambda *args, **kwargs: None
 
 
+@pytest.mark.slow  # every paper's smoke run (with the configured ones below): the slow suite runs them all
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_smoke_run_writes_the_schema(script, tmp_path, monkeypatch):
     module = importlib.import_module(f"experiments.{script}")
@@ -129,6 +130,7 @@ def test_smoke_run_writes_the_schema(script, tmp_path, monkeypatch):
         check_schema(data)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("paper", CONFIGURED)
 def test_configured_smoke_run_writes_the_schema(paper, tmp_path, monkeypatch):
     monkeypatch.setattr("tqdm.auto.tqdm", _CountingBar)

@@ -37,6 +37,7 @@ def test_a_class_path_of_a_module_that_is_now_a_folder_resolves_without_a_warnin
         assert not hasattr(package, "NoSuchClass") and not hasattr(package, "__wrapped__")
 
 
+@pytest.mark.slow
 def test_a_checkpoint_written_before_the_move_tests_with_the_new_config(tmp_path):
     """A checkpoint whose saved class path is the old one (``lightning_modules.classifier.ImageClassifier``):
     ``test --ckpt_path`` with today's config reads it (LightningCLI parses the saved class path)."""

@@ -131,13 +131,16 @@ class TD3BC(RecordsDatasetIdentity, PaperModule):
         return self.actor(self.normalise(obs))
 
     @torch.no_grad()
-    def td_target(self, batch: dict[str, Tensor]) -> Tensor:
-        """``r + gamma (1 - d) min_j Q_j'(s', clip(pi'(s') + clip(eps, -c, c), -1, 1))``, eps ~ N(0, policy_noise)."""
+    def td_target(self, batch: dict[str, Tensor], smoothing: bool = True) -> Tensor:
+        """``r + gamma (1 - d) min_j Q_j'(s', clip(pi'(s') + clip(eps, -c, c), -1, 1))``, eps ~ N(0, policy_noise);
+        ``smoothing=False`` (validation) drops eps: TD3's target smoothing regularises training, and without it
+        the validation TD error is a function of the weights alone (the same with any number of processes)."""
         h = self.hparams
         next_obs = self.normalise(batch["next_obs"])
         action = self.actor_target(next_obs)
-        noise = (torch.randn_like(action) * h.policy_noise).clamp(-h.noise_clip, h.noise_clip)
-        next_q = self.critic_target(next_obs, (action + noise).clamp(-1.0, 1.0)).min(0).values
+        if smoothing:
+            action = action + (torch.randn_like(action) * h.policy_noise).clamp(-h.noise_clip, h.noise_clip)
+        next_q = self.critic_target(next_obs, action.clamp(-1.0, 1.0)).min(0).values
         return batch["rew"] * h.reward_scale + h.gamma * (1 - batch["done"]) * next_q
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
@@ -170,7 +173,7 @@ class TD3BC(RecordsDatasetIdentity, PaperModule):
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         check_batch(batch)
-        error = self.q_min(self.critic, batch["obs"], batch["act"]) - self.td_target(batch)
+        error = self.q_min(self.critic, batch["obs"], batch["act"]) - self.td_target(batch, smoothing=False)
         self.val_td_error.update(error.square())
         self.log("val/td_error", self.val_td_error, prog_bar=True)
 
