@@ -505,7 +505,8 @@ def markdown(results: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", action="append", help="a paper config (repeatable; default: all of them)")
+    parser.add_argument("--config", action="append",
+                        help="a paper config (repeatable; default: all of them); updates its entry in <out>'s JSON")
     parser.add_argument("--out", default="results", help="folder for paper_scale.json and paper_scale.md")
     parser.add_argument("--cpu-steps", type=int, default=3,
                         help="synthetic steps on CPU to check the estimate where it is small (0: none)")
@@ -522,12 +523,18 @@ def main(argv: list[str] | None = None) -> dict:
     for path in configs:
         if not (ROOT / path).is_file() and not Path(path).is_file():
             parser.error(f"--config {path}: no such file.")
+    out = Path(args.out)
     results = {"configs": {}}
+    if args.config and (out / "paper_scale.json").is_file():  # one config re-checked: the others' entries stay
+        try:
+            results["configs"].update(json.loads((out / "paper_scale.json").read_text())["configs"])
+        except (ValueError, KeyError, TypeError):
+            parser.error(f"{out / 'paper_scale.json'} is not a paper_scale result; remove it or choose another --out.")
     from tqdm import tqdm
 
     for path in tqdm(configs, desc="paper configs"):
         results["configs"][path] = check_config(path, args.cpu_steps, args.gpu, args.steps, args.device, args.tiny)
-    out = Path(args.out)
+    results["configs"] = dict(sorted(results["configs"].items()))
     out.mkdir(parents=True, exist_ok=True)
     (out / "paper_scale.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     table = markdown(results)

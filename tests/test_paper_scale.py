@@ -77,6 +77,17 @@ def test_schema_of_one_small_config(tmp_path):
     assert "| configs/tamed_sgd/paper.yaml |" in (tmp_path / "paper_scale.md").read_text()
 
 
+def test_one_config_updates_its_entry_and_keeps_the_others(tmp_path):
+    kept = {"params": 1, "paper_params": None, "built_on": "cpu", "train_memory_gib_per_device": 0.0,
+            "device_memory_gib": 80.0, "fits": True, "cpu_steps": 0, "step_s": None, "note": "kept"}
+    (tmp_path / "paper_scale.json").write_text(json.dumps({"configs": {"configs/zzz/paper.yaml": kept}}))
+    paper_scale.main(["--config", "configs/tamed_sgd/paper.yaml", "--out", str(tmp_path), "--cpu-steps", "0"])
+    written = json.loads((tmp_path / "paper_scale.json").read_text())["configs"]
+    assert list(written) == ["configs/tamed_sgd/paper.yaml", "configs/zzz/paper.yaml"]
+    assert written["configs/zzz/paper.yaml"] == kept
+    assert "| configs/zzz/paper.yaml |" in (tmp_path / "paper_scale.md").read_text()
+
+
 @pytest.mark.slow
 def test_gpu_path_on_cpu_with_a_tiny_batch(tmp_path):
     result = paper_scale.main(["--config", "configs/trew/classifier_paper.yaml", "--out", str(tmp_path),
