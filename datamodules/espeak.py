@@ -84,7 +84,8 @@ def library_available() -> bool:
 
 
 def espeak_binary() -> str | None:
-    """Path of the system espeak-ng (or espeak) binary, None when neither is on PATH."""
+    """Path of the system espeak-ng (or espeak) binary, None when neither is on PATH. Only a fallback for a machine
+    without the ``espeakng-loader`` wheel (a dependency in setup.cfg, so a fresh pip install never needs it)."""
     return shutil.which("espeak-ng") or shutil.which("espeak")
 
 

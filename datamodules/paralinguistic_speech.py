@@ -89,6 +89,9 @@ Tokens, two ways (the model scores one logit per option either way):
   this collection's documented choice. Prompts are left-padded with the tokenizer's pad id (eos when it has no
   pad token); ``vocab_size`` is ``len(tokenizer)``, which the model checks against its embedding rows. The
   question keeps its case here (the word vocabulary lower-cases it).
+
+Length: one data family read top to bottom (the embedded spoken questions, the release's JSONL layout and
+VoxParadox's metadata, the prompt tokenisation the model checks); speech synthesis lives in `datamodules/espeak.py`.
 """
 from __future__ import annotations
 

@@ -60,6 +60,9 @@ encoded once at the start of the run, then every drone query of the predict load
 similarity, as in evaluation. Per query: its location id, the location ids and scores of its ``predict_top_k`` best
 gallery images (``top_locations_0`` is the best), their gallery indices, and ``match_rank``, the 0-based rank of the
 first gallery image of its own location (-1 when the gallery has none; gallery ids -1, junk, are never ranked).
+
+Length: one paper's method read top to bottom (the encoder, slot attention, the concept selection and layout
+alignment terms of the InfoGeo objective, the retrieval evaluation and predictions); each piece is used only here.
 """
 from __future__ import annotations
 

@@ -114,14 +114,19 @@ def tanh_normal_log_prob(u: Tensor, mean: Tensor, log_std: Tensor) -> Tensor:
 
 
 # ============================================================================================ networks
+def relu_mlp(in_dim: int, out_dim: int, hidden_dim: int, hidden_layers: int) -> list[nn.Module]:
+    """The layers of an MLP with ``hidden_layers`` ReLU layers of ``hidden_dim`` and a linear output (the actors)."""
+    layers, size = [], in_dim
+    for _ in range(hidden_layers):
+        layers += [nn.Linear(size, hidden_dim), nn.ReLU()]
+        size = hidden_dim
+    return [*layers, nn.Linear(size, out_dim)]
+
+
 class TanhGaussianPolicy(nn.Module):
     def __init__(self, obs_dim: int, action_dim: int, hidden_dim: int, hidden_layers: int) -> None:
         super().__init__()
-        layers, size = [], obs_dim
-        for _ in range(hidden_layers):
-            layers += [nn.Linear(size, hidden_dim), nn.ReLU()]
-            size = hidden_dim
-        self.body = nn.Sequential(*layers, nn.Linear(size, 2 * action_dim))
+        self.body = nn.Sequential(*relu_mlp(obs_dim, 2 * action_dim, hidden_dim, hidden_layers))
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         mean, log_std = self.body(obs).chunk(2, dim=-1)

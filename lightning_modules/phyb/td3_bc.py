@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from lightning_modules.phyb.dynamics_ensemble import RecordsDatasetIdentity, check_batch, check_dims
-from lightning_modules.phyb.phyb import TwinQ
+from lightning_modules.phyb.phyb import TwinQ, relu_mlp
 from lightning_modules.shared.base import PaperModule, _build_from_config
 from lightning_modules.shared.data_contract import OfflineRLData
 from lightning_modules.shared.errors import UserInputError, check_range
@@ -44,11 +44,7 @@ class DeterministicPolicy(nn.Module):
 
     def __init__(self, obs_dim: int, action_dim: int, hidden_dim: int, hidden_layers: int) -> None:
         super().__init__()
-        layers, size = [], obs_dim
-        for _ in range(hidden_layers):
-            layers += [nn.Linear(size, hidden_dim), nn.ReLU()]
-            size = hidden_dim
-        self.body = nn.Sequential(*layers, nn.Linear(size, action_dim), nn.Tanh())
+        self.body = nn.Sequential(*relu_mlp(obs_dim, action_dim, hidden_dim, hidden_layers), nn.Tanh())
 
     def forward(self, obs: Tensor) -> Tensor:
         return self.body(obs)
