@@ -20,6 +20,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -320,6 +321,21 @@ def estimate(built: dict) -> dict:
     return {"terms": terms, "total": sum(terms.values()), "notes": notes}
 
 
+def measured_activations(memory: dict, release: dict | None) -> None:
+    """Where the estimate has no activation model, take the activations the release-format run measured (the
+    bytes autograd saved in one training step, `experiments.paper_steps.StepTimer`) when that run was the
+    published configuration (its batch included)."""
+    missing = "activations not estimated (no input model for this module)"
+    if (missing not in memory["notes"] or not release or release.get("note")
+            or release.get("activation_bytes") is None):
+        return
+    memory["terms"]["activations"] = float(release["activation_bytes"])
+    memory["total"] = sum(memory["terms"].values())
+    memory["notes"][memory["notes"].index(missing)] = (
+        f"activations: saved tensors measured in one training step on release-format files at batch "
+        f"{release.get('batch_size')}")
+
+
 def device_memory(config) -> tuple[float, str]:
     accelerator = str(config.trainer.get("accelerator") or "auto")
     if accelerator == "cpu":
@@ -433,7 +449,9 @@ def measure_in_subprocess(path: str, steps: int, device: str, tiny: bool, bf16: 
 
 # ============================================================================================ report
 def check_config(path: str, cpu_steps: int = 0, gpu: bool = False, steps: int = 0, device: str = "cuda",
-                 tiny: bool = False) -> dict:
+                 tiny: bool = False, release: dict | None = None) -> dict:
+    """The JSON entry of one config; ``release`` is its figures from `experiments.paper_steps` (real steps on
+    release-format files), the source of ``cpu_steps`` and ``step_s``."""
     built = build(path)
     model = built["model"]
     params = sum(p.numel() for p in model.parameters())
@@ -456,6 +474,7 @@ def check_config(path: str, cpu_steps: int = 0, gpu: bool = False, steps: int = 
     if path in PAPER_PARAMS:
         paper = PAPER_PARAMS[path][0]
     memory = estimate(built)
+    measured_activations(memory, release)
     device_gib, device_note = device_memory(built["config"])
     total_gib = memory["total"] / GIB
     terms = ", ".join(f"{k} {v / GIB:.2f}" for k, v in memory["terms"].items() if v)
@@ -464,13 +483,18 @@ def check_config(path: str, cpu_steps: int = 0, gpu: bool = False, steps: int = 
     entry = {"params": int(params), "paper_params": paper, "built_on": "meta" if built["on_meta"] else "cpu",
              "train_memory_gib_per_device": round(total_gib, 3), "device_memory_gib": device_gib,
              "fits": total_gib <= device_gib, "cpu_steps": 0, "step_s": None, "note": ""}
+    if release:
+        entry.update(cpu_steps=release["cpu_steps"], step_s=release["step_s"], release_run=release)
+        what = (f"train.py: {release['cpu_steps']} optimizer steps (a resume from step {release['resumed_from']}) "
+                if release["cpu_steps"] else "train.py: test ")
+        notes.append(what + f"and predict on {release['release_format']}"
+                     + (f" ({release['note']})" if release["note"] else " at the published configuration"))
     built_name = built["name"]
     del built, model
     if cpu_steps and steppable and entry["built_on"] == "cpu" and total_gib < 6:
         try:
             measured = measure_in_subprocess(path, cpu_steps, "cpu", False, False)
             ratio = measured["peak_gib"] / total_gib
-            entry.update(cpu_steps=cpu_steps, step_s=round(measured["step_s"], 4) if measured["step_s"] else None)
             notes.append(f"CPU check: measured peak RSS growth {measured['peak_gib']:.3f} GiB over {cpu_steps} "
                          f"synthetic steps = {ratio:.2f} x the estimate")
         except UserInputError as err:
@@ -480,13 +504,34 @@ def check_config(path: str, cpu_steps: int = 0, gpu: bool = False, steps: int = 
     elif gpu and entry["fits"]:
         try:
             measured = measure_in_subprocess(path, steps, device, tiny, True)
-            entry.update(cpu_steps=steps if device == "cpu" else entry["cpu_steps"], step_s=measured["step_s"])
+            if device != "cpu":
+                entry.update(gpu_steps=steps, gpu_step_s=measured["step_s"], gpu_per_s=measured["per_s"],
+                             gpu_unit=measured["unit"], gpu_peak_gib=round(measured["peak_gib"], 3))
             notes.append(f"{device} bf16{' tiny' if tiny else ''}: {measured['per_s']:.1f} {measured['unit']}/s, "
                          f"peak {measured['peak_gib']:.2f} GiB")
         except (UserInputError, RuntimeError) as err:
             notes.append(f"{device} steps skipped ({str(err)[:160]})")
     entry["note"] = "; ".join(notes)
     return entry
+
+
+def release_runs(configs: list[str], steps: int) -> dict[str, dict]:
+    """`experiments.paper_steps` for the configs, one fresh process per paper (its memory is its own)."""
+    by_paper: dict[str, list[str]] = {}
+    for path in configs:
+        by_paper.setdefault(Path(path).parent.name, []).append(path)
+    figures: dict[str, dict] = {}
+    for paper, paths in by_paper.items():
+        with tempfile.TemporaryDirectory(prefix=f"paper_steps_{paper}_") as folder:
+            out = Path(folder) / "figures.json"
+            command = [sys.executable, "-m", "experiments.paper_steps", "--steps", str(steps), "--json", str(out),
+                       "--folder", folder, *(f"--config={path}" for path in paths)]
+            done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+            if done.returncode or not out.is_file():
+                raise RuntimeError(f"release-format steps of {paper} failed: "
+                                   f"{done.stderr.strip().splitlines()[-3:]}")
+            figures.update(json.loads(out.read_text()))
+    return figures
 
 
 def markdown(results: dict) -> str:
@@ -503,6 +548,17 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _previous(out: Path) -> dict:
+    """The configs of an earlier ``<out>/paper_scale.json`` ({} when there is none)."""
+    if not (out / "paper_scale.json").is_file():
+        return {}
+    try:
+        return dict(json.loads((out / "paper_scale.json").read_text())["configs"])
+    except (ValueError, KeyError, TypeError):
+        raise UserInputError(f"{out / 'paper_scale.json'} is not a paper_scale result; remove it or choose another "
+                             "--out.") from None
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", action="append",
@@ -514,6 +570,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--device", default="cuda", help="device of --gpu (cpu: test the path without a GPU)")
     parser.add_argument("--tiny", action="store_true", help="with --gpu: batch 2 and 32 tokens (a path test)")
+    parser.add_argument("--release-steps", type=int, default=2,
+                        help="real train.py steps on release-format files before a resume (experiments.paper_steps; "
+                             "0: keep the figures already in the JSON)")
     args = parser.parse_args(argv)
     if args.gpu and args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--gpu needs a CUDA device; use --device cpu --tiny to test the path on CPU.")
@@ -525,15 +584,17 @@ def main(argv: list[str] | None = None) -> dict:
             parser.error(f"--config {path}: no such file.")
     out = Path(args.out)
     results = {"configs": {}}
-    if args.config and (out / "paper_scale.json").is_file():  # one config re-checked: the others' entries stay
-        try:
-            results["configs"].update(json.loads((out / "paper_scale.json").read_text())["configs"])
-        except (ValueError, KeyError, TypeError):
-            parser.error(f"{out / 'paper_scale.json'} is not a paper_scale result; remove it or choose another --out.")
+    if args.config:  # configs re-checked: the others' entries stay
+        results["configs"].update(_previous(out))
     from tqdm import tqdm
 
+    if args.release_steps:
+        release = release_runs(configs, args.release_steps)
+    else:  # the figures of the last run stay
+        release = {path: entry.get("release_run") for path, entry in _previous(out).items()}
     for path in tqdm(configs, desc="paper configs"):
-        results["configs"][path] = check_config(path, args.cpu_steps, args.gpu, args.steps, args.device, args.tiny)
+        results["configs"][path] = check_config(path, args.cpu_steps, args.gpu, args.steps, args.device, args.tiny,
+                                                release.get(path))
     results["configs"] = dict(sorted(results["configs"].items()))
     out.mkdir(parents=True, exist_ok=True)
     (out / "paper_scale.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")

@@ -65,7 +65,7 @@ def test_meta_build_of_the_7b_policy_has_the_published_parameter_count():
 
 def test_schema_of_one_small_config(tmp_path):
     result = paper_scale.main(["--config", "configs/tamed_sgd/paper.yaml", "--out", str(tmp_path),
-                               "--cpu-steps", "0"])
+                               "--cpu-steps", "0", "--release-steps", "0"])
     written = json.loads((tmp_path / "paper_scale.json").read_text())
     assert written == json.loads(json.dumps(result))
     assert list(written) == ["configs"]
@@ -81,7 +81,8 @@ def test_one_config_updates_its_entry_and_keeps_the_others(tmp_path):
     kept = {"params": 1, "paper_params": None, "built_on": "cpu", "train_memory_gib_per_device": 0.0,
             "device_memory_gib": 80.0, "fits": True, "cpu_steps": 0, "step_s": None, "note": "kept"}
     (tmp_path / "paper_scale.json").write_text(json.dumps({"configs": {"configs/zzz/paper.yaml": kept}}))
-    paper_scale.main(["--config", "configs/tamed_sgd/paper.yaml", "--out", str(tmp_path), "--cpu-steps", "0"])
+    paper_scale.main(["--config", "configs/tamed_sgd/paper.yaml", "--out", str(tmp_path), "--cpu-steps", "0",
+                      "--release-steps", "0"])
     written = json.loads((tmp_path / "paper_scale.json").read_text())["configs"]
     assert list(written) == ["configs/tamed_sgd/paper.yaml", "configs/zzz/paper.yaml"]
     assert written["configs/zzz/paper.yaml"] == kept
@@ -91,10 +92,23 @@ def test_one_config_updates_its_entry_and_keeps_the_others(tmp_path):
 @pytest.mark.slow
 def test_gpu_path_on_cpu_with_a_tiny_batch(tmp_path):
     result = paper_scale.main(["--config", "configs/trew/classifier_paper.yaml", "--out", str(tmp_path),
-                               "--cpu-steps", "0", "--gpu", "--device", "cpu", "--tiny", "--steps", "2"])
+                               "--cpu-steps", "0", "--release-steps", "0", "--gpu", "--device", "cpu", "--tiny",
+                               "--steps", "2"])
     entry = result["configs"]["configs/trew/classifier_paper.yaml"]
-    assert entry["cpu_steps"] == 2 and entry["step_s"] > 0
     assert "cpu bf16 tiny:" in entry["note"] and "samples/s" in entry["note"]
+
+
+@pytest.mark.slow
+def test_release_steps_fill_cpu_steps_step_time_and_the_run_record(tmp_path):
+    """`experiments.paper_steps` runs in its own process; its figures become cpu_steps, step_s and release_run,
+    and a second run with --release-steps 0 keeps them."""
+    path = "configs/tamed_sgd/paper.yaml"
+    entry = paper_scale.main(["--config", path, "--out", str(tmp_path), "--cpu-steps", "0"])["configs"][path]
+    assert entry["cpu_steps"] == 3 and entry["step_s"] > 0
+    assert entry["release_run"]["resumed_from"] == 2 and entry["release_run"]["predict_batches"] >= 1
+    assert "train.py: 3 optimizer steps (a resume from step 2)" in entry["note"]
+    again = paper_scale.main(["--config", path, "--out", str(tmp_path), "--cpu-steps", "0", "--release-steps", "0"])
+    assert again["configs"][path]["release_run"] == entry["release_run"]
 
 
 def test_gpu_without_cuda_is_refused(tmp_path, capsys):

@@ -1,0 +1,76 @@
+"""Every paper config takes real steps through ``train.py`` on files in its dataset's release format
+(`experiments.paper_steps`): fit, a resume from the checkpoint it wrote, and predict (test and predict for the
+configs that are only evaluated). The slow test runs every case per paper folder, prerequisites first."""
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import REPO
+from experiments.paper_steps import Case, StepTimer, cases, paper_configs, run_case
+
+CASES = cases()
+PAPERS: dict[str, list[str]] = defaultdict(list)
+for _config in paper_configs():
+    PAPERS[Path(_config).parent.name].append(_config)
+
+
+def test_every_paper_config_has_a_release_format_case():
+    missing = [config for config in paper_configs() if config not in CASES]
+    assert not missing, f"no case in experiments/paper_steps/ for {missing}"
+    unknown = [config for config in CASES if not (REPO / config).is_file()]
+    assert not unknown, f"cases for configs that do not exist: {unknown}"
+
+
+@pytest.mark.parametrize("config", sorted(CASES))
+def test_a_case_says_what_it_writes_and_what_differs(config):
+    case = CASES[config]
+    assert case.release_format, f"{config}: say which release files the case writes (release_format)"
+    if case.args:
+        assert case.note, f"{config}: its args {case.args} change the published run; say how in note"
+    for prerequisite in case.after:
+        assert prerequisite in CASES, f"{config}: prerequisite {prerequisite} has no case"
+        assert Path(prerequisite).parent == Path(config).parent, f"{config}: {prerequisite} is another paper's"
+
+
+def test_the_timer_counts_saved_activations_once_per_storage():
+    """A linear layer saves its input for the weight gradient: batch x features x 4 bytes, parameters excluded."""
+    layer = nn.Linear(16, 8)
+    module = nn.Module()
+    module.layer = layer
+    timer = StepTimer()
+    timer.on_train_batch_start(None, module, None, 0)
+    x = torch.randn(32, 16)
+    layer(x).pow(2).sum().backward()
+    timer.on_train_batch_end(None, module, None, None, 0)
+    assert timer.saved_bytes[0] >= 32 * 16 * 4
+    assert timer.saved_bytes[0] < 32 * 16 * 4 + 2 * 32 * 8 * 4 + 1024  # the input, the output for pow, no weight
+    assert len(timer.seconds) == 1 and timer.seconds[0] >= 0
+
+
+def test_a_fit_that_does_not_reach_its_steps_is_an_error(tmp_path):
+    """The harness checks the step it ended at: a quick config whose data holds fewer batches than asked fails."""
+    case = Case(lambda folder: ["--trainer.max_epochs=1", "--trainer.limit_train_batches=1"],
+                release_format="embedded data")
+    with pytest.raises(RuntimeError, match="ended at step 1, not 2"):
+        run_case("configs/tamed_sgd/quick.yaml", case, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("paper", sorted(PAPERS))
+def test_paper_configs_step_resume_and_predict_on_release_files(paper, tmp_path):
+    done: dict[str, dict] = {}
+    for config in PAPERS[paper]:
+        if config not in done:
+            run_case(config, CASES[config], tmp_path, steps=2, for_test=True, done=done)
+    for config in PAPERS[paper]:
+        figures = done[config]
+        assert figures["predict_batches"] >= 1, config
+        if CASES[config].inference_only:
+            assert figures["cpu_steps"] == 0 and figures["test_metrics"], config
+        else:
+            assert figures["cpu_steps"] == 3 and figures["resumed_from"] == 2 and figures["step_s"] > 0, config
