@@ -1,4 +1,4 @@
-"""Reproduce the NT-SSM claim at small scale: ``python -m experiments.nt_ssm`` (~35 min a seed on 2 busy cores).
+"""NT-SSM vs SSM on graph CF at small scale (CPU): ``python -m experiments nt_ssm`` (~35 min a seed on 2 busy cores).
 
 Paper: "Rethinking Contrastive Learning for Graph Collaborative Filtering: Limitations and a Simple Remedy"
 (NT-SSM, arXiv 2605.24015). Claim: the neighbour-type-aware sampled softmax (NT-SSM) beats the sampled
@@ -6,27 +6,25 @@ softmax (SSM) on graph CF backbones. The paper compares at one fixed temperature
 wants a much higher tau, so most of the gap at tau 0.2 is a temperature effect, and SSM is compared here at its
 own validation-selected temperature too.
 
-Setup: every run starts from ``configs/nt_ssm/quick.yaml`` (``simgcl_quick.yaml`` with ``--backbone simgcl``)
-through `experiments.kit.from_config`, i.e. `GraphCollaborativeFiltering` + `GraphRecDataModule` exactly as
-``python train.py fit --config ...`` builds them: the embedded clustered-popularity graph (1000 users, 1500
-items, 10 clusters, degrees 5-24; ~10k train edges, per-user 70/10/20 split), LightGCN d 32, L 2, Adam 1e-3,
-batch 512, reg 1e-4. The experiment overrides only what it varies: the loss, tau and the four alphas, the data
-seed (one graph per data seed; the model seed is the same number), K = 20 only (``ks``), and for SimGCL the
-contrastive weight. Training (a quiet Lightning `Trainer` on CPU): at most 80 epochs, validation every epoch,
-early stopping on val NDCG@20 with patience 5; test metrics are those of the best-validation epoch's weights
-(`experiments.kit.KeepBest`). Full ranking over all items; at test only the train items are masked (the official
-protocol: validation items compete), K = 20.
+The protocol is ``configs/nt_ssm/experiment.yaml``, run by `experiments.runner`: every run is
+``configs/nt_ssm/quick.yaml`` built as ``python train.py fit`` builds it (`GraphCollaborativeFiltering` +
+`GraphRecDataModule`: the embedded clustered-popularity graph, 1000 users, 1500 items, 10 clusters, degrees 5-24,
+~10k train edges, per-user 70/10/20 split; LightGCN d 32, L 2, Adam 1e-3, batch 512, reg 1e-4), the seed S driving
+the model and the data (one graph per seed), K = 20 only, at most 80 epochs, early stopping on val NDCG@20 with
+patience 5 (the config's EarlyStopping) and the test metrics from the best-validation checkpoint (the config's
+ModelCheckpoint). Full ranking over all items; at test only the train items are masked (the official protocol:
+validation items compete).
 
-Arms (per data seed; "tuned" = chosen on validation NDCG@20 of that seed, test reported at the choice):
-* ``SSM, tau 0.2 (paper)`` and ``SSM, tau tuned`` over the 12 temperatures of ``TAUS`` (one-directional, the
-  official baseline);
-* ``bidirectional SSM (= NT, all alphas 1), tau 0.2`` and ``..., tau tuned`` over the same grid: the
-  uniform-alpha ablation, which isolates the second direction from the type-aware scaling;
+Arms (per seed; "tuned" = chosen on validation NDCG@20 of that seed, test reported at the choice):
+* ``SSM, tau 0.2 (paper)`` and ``SSM, tau tuned`` over the 12 temperatures of the ``SSM, tau ...`` arms
+  (one-directional, the official baseline);
+* ``bidirectional SSM (NT, all alphas 1), tau 0.2`` and ``..., tau tuned`` over the same grid: the uniform-alpha
+  ablation, which isolates the second direction from the type-aware scaling;
 * ``NT-SSM, ml-1m alphas, tau 0.2 (paper)``: alphas (uu, ii, ui, iu) = (1.2, 0.8, 0.8, 1.0);
-* ``NT-SSM, uniform alpha, tuned``: tau and alpha **tuned jointly** on {0.5, 1} x {0.2, 0.4, 0.6, 0.8}
-  (all four alphas equal, 8 runs);
-* ``NT-SSM, type-specific, tuned``: the previous grid plus, from its best point, each single alpha halved
-  (4 more runs); the best of the 12 on validation.
+* ``NT-SSM, uniform alpha + tau tuned``: tau and alpha **tuned jointly** on {0.5, 1} x {0.2, 0.4, 0.6, 0.8}
+  (all four alphas equal, the 8 ``NT-SSM, tau ..., alpha ...`` arms);
+* ``NT-SSM, type-specific alphas + tau tuned``: the previous grid plus, from its best point, each single alpha
+  halved (4 probe runs, trained by `evaluate` once the uniform choice is known); the best of the 12 on validation.
 
 Equal selection budget: each tuned baseline gets as many runs (12 temperatures) as the largest NT-SSM selection
 (12 runs), with the same training, early stopping and validation selection; the temperature grid reaches well
@@ -34,88 +32,74 @@ above the SSM optimum on this graph, so a chosen value at the grid's top edge wo
 (``tau_position``: ``bottom`` / ``interior`` / ``top`` of its grid, per tuned arm and seed). Selection reads only
 the validation metric; the test metrics are computed for every run but never compared.
 
-Part 2 (speed): training samples/s and full-ranking evaluation users/s of the same module and data through
-Lightning (`Trainer.fit` / `Trainer.validate`) and through a plain PyTorch loop, official sizes (d 64, L 2,
-batch 2048, K 10/20/40): the fastest of 9 epochs after a warm-up epoch, and of 19 evaluation passes (the minimum is
-the measure least disturbed by other processes on a shared machine). ``--speed-only`` runs just this part
-(printed, not written); ``--skip-speed`` leaves it out.
+This module holds what is not configuration. `evaluate`: the test from the best checkpoint plus the run's best
+validation score and epoch; when the last run of a selection (experiment.yaml ``settings.select``) is done, the
+tuned arm's metrics (a derived arm: the chosen run's), and after the uniform NT-SSM choice the 4 probes
+(``settings.probes``). `report`: ``chosen`` ({arm: [tau / alphas / best epoch / tau_position per seed]}), ``runs``
+(every run of every seed), ``paired_tuned`` (each reported arm minus ``SSM, tau tuned`` over seeds, the claim's
+pair), ``backbone`` and the speed block; `plot`: test NDCG@20 of the reported arms (``results/nt_ssm.png``);
+`train_run`: one run of the protocol at a given loss, tau and alphas, for a comparison without the whole grid.
 
-SimGCL variant: ``--backbone simgcl --cl-weight W`` runs every arm on SimGCL (``simgcl_quick.yaml``) and writes
-``<out>/nt_ssm_simgcl_cl<W>.json`` / ``.png`` instead of ``nt_ssm.json`` / ``.png``.
+Speed (the ``speed`` block; ``settings.speed``, null leaves it out): training samples/s and full-ranking
+evaluation users/s of the same module and data through Lightning (`Trainer.fit` / `Trainer.validate`) and through a
+plain PyTorch loop, official sizes (d 64, L 2, batch 2048, K 10/20/40): the fastest of 9 epochs after a warm-up
+epoch, and of 19 evaluation passes (the minimum is the measure least disturbed by other processes on a shared
+machine).
 
-Outputs: markdown tables on stdout and the kit's schema in ``<out>/nt_ssm.json`` (``{"paper", "seeds", "wall_s",
-"config", "arms": {arm: {metric: {"mean", "std"}}}, "per_seed": [{"seed", "arms", "chosen": {arm: tau/alphas/best
-epoch}, "runs": [every run]}], "title", "backbone", "speed"}``) and ``<out>/nt_ssm.png``.
+SimGCL variant: ``--set model.init_args.backbone=simgcl --set model.init_args.cl_weight=W --name
+nt_ssm_simgcl_clW`` runs every arm on SimGCL (the settings of ``simgcl_quick.yaml``: noise 0.1, InfoNCE tau 0.2 are
+the module's defaults) and writes ``<out>/nt_ssm_simgcl_clW.json`` / ``.png``.
 """
 from __future__ import annotations
 
-import json
-import logging
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 from lightning.pytorch import Callback
-from lightning.pytorch.callbacks import EarlyStopping
 
-from experiments.kit import (KeepBest, experiment_parser, from_config, progress, quiet_single_thread, quiet_trainer,
-                             summarise, write_result)
+from experiments import runner
+from experiments.kit import from_config, quiet_trainer
 
-PAPER = "nt_ssm"
-TITLE = ("Rethinking Contrastive Learning for Graph Collaborative Filtering: Limitations and a Simple Remedy "
-         "(NT-SSM, arXiv 2605.24015)")
 CONFIGS = {"lightgcn": "configs/nt_ssm/quick.yaml", "simgcl": "configs/nt_ssm/simgcl_quick.yaml"}
-MONITOR = "val/ndcg@20"
-# the baselines' temperature grid: as many points as NT-SSM's largest selection (nt_grid_size(): 8 + 4 = 12);
-# 0.2 is the paper's fixed value, and the grid runs far past the old top (3), where SSM's choice used to land
-TAUS = (0.2, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 7.0, 10.0, 15.0, 20.0)
-NT_TAUS = (0.5, 1.0)
-NT_ALPHAS = (0.2, 0.4, 0.6, 0.8)
-PAPER_ALPHAS = (1.2, 0.8, 0.8, 1.0)  # (uu, ii, ui, iu), ml-1m
 ALPHA_KEYS = ("alpha_uu", "alpha_ii", "alpha_ui", "alpha_iu")
 METRICS = ("test/ndcg@20", "test/recall@20", "val/ndcg@20")
-# --smoke: a 120 x 200 graph, one epoch, one-point grids (checks the pipeline in seconds, not the claim)
-SMOKE_DATA = ("--data.init_args.synthetic_users=120", "--data.init_args.synthetic_items=200")
-SMOKE_GRIDS = dict(taus=(0.2,), nt_taus=(0.5,), nt_alphas=(0.4,))
+MONITOR = "val/ndcg@20"
+REPORT_SETTINGS = ("reported", "tuned_baseline", "speed")  # the settings `report` reads (it sees the runs' records)
+
+# the runs of the seed in progress, {arm: record}; `evaluate` selects among them (the runner runs the arms of a
+# seed in order, one seed after the other)
+_SEED: dict = {"key": None, "runs": {}}
 
 
-def build(seed: int, loss: str, tau: float, alphas=(1.0, 1.0, 1.0, 1.0), backbone: str = "lightgcn",
-          overrides: tuple[str, ...] = ()):
-    """(model, datamodule) from the backbone's quick config with the experiment's overrides."""
-    return from_config(CONFIGS[backbone], f"--seed_everything={seed}", f"--data.init_args.seed={seed}",
-                       f"--model.init_args.loss={loss}", f"--model.init_args.tau={tau}",
-                       *(f"--model.init_args.{key}={value}" for key, value in zip(ALPHA_KEYS, alphas)),
-                       "--model.init_args.ks=[20]", *overrides)
+# ============================================================================================ one run
+def record(run) -> dict:
+    """The fitted run's test metrics (best-validation checkpoint) and configuration: loss, tau, alphas, best epoch
+    (0-based) and best ``val/ndcg@20`` as the config's ModelCheckpoint saw them."""
+    test = run.test()
+    path = run.best_checkpoint()
+    callback = next((c for c in run.trainer.checkpoint_callbacks if getattr(c, "monitor", None) == MONITOR), None)
+    if path is None or callback is None or callback.best_model_score is None:
+        raise runner.ExperimentError(f"{run.arm.name}: no checkpoint monitoring {MONITOR}; nt_ssm needs the config's "
+                                     f"ModelCheckpoint(monitor={MONITOR}) and validation every epoch")
+    hparams = run.model.hparams
+    epoch = int(torch.load(path, map_location="cpu", weights_only=False)["epoch"])
+    return {"arm": run.arm.name, "loss": hparams.loss, "tau": float(hparams.tau),
+            "alphas": [float(hparams[key]) for key in ALPHA_KEYS], "best_epoch": epoch,
+            MONITOR: float(callback.best_model_score), "test/ndcg@20": test["ndcg@20"],
+            "test/recall@20": test["recall@20"], "backbone": hparams.backbone,
+            **({"cl_weight": float(hparams.cl_weight)} if hparams.backbone == "simgcl" else {})}
 
 
-def train_run(seed: int, loss: str, tau: float, alphas: tuple[float, float, float, float] = (1.0, 1.0, 1.0, 1.0),
-              max_epochs: int = 80, patience: int = 5, backbone: str = "lightgcn",
-              overrides: tuple[str, ...] = ()) -> dict:
-    """One early-stopped run on data seed ``seed``; returns validation/test metrics at the best-validation epoch.
-    ``overrides`` are further CLI strings for the config (e.g. ``"--model.init_args.cl_weight=0.05"``)."""
-    model, datamodule = build(seed, loss, tau, alphas, backbone, overrides)
-    keep = KeepBest(MONITOR, mode="max")
-    trainer = quiet_trainer([keep, EarlyStopping(MONITOR, mode="max", patience=patience,
-                                                 check_on_train_epoch_end=False)], max_epochs=max_epochs)
-    start = time.perf_counter()
-    trainer.fit(model, datamodule=datamodule)
-    keep.restore(model)
-    test = quiet_trainer().test(model, datamodule=datamodule, verbose=False)[0]
-    # validation runs at each epoch end, after that epoch's num_training_batches optimiser steps
-    best_epoch = keep.best_step // trainer.num_training_batches - 1
-    return {"loss": loss, "tau": tau, "alphas": list(alphas), "best_epoch": best_epoch, MONITOR: keep.best_score,
-            "test/ndcg@20": test["test/ndcg@20"], "test/recall@20": test["test/recall@20"],
-            "wall_s": time.perf_counter() - start}
+def metrics_of(rec: dict) -> dict[str, float]:
+    return {m: rec[m] for m in METRICS}
 
 
-def nt_grid_size(nt_taus=NT_TAUS, nt_alphas=NT_ALPHAS) -> int:
-    """Runs the type-specific NT-SSM arm selects from: the tau x uniform-alpha grid plus one probe per alpha."""
-    return len(nt_taus) * len(nt_alphas) + len(ALPHA_KEYS)
-
-
-def runs_per_seed(taus=TAUS, nt_taus=NT_TAUS, nt_alphas=NT_ALPHAS) -> int:
-    return 2 * len(taus) + 1 + nt_grid_size(nt_taus, nt_alphas)
+def best(records: list[dict]) -> dict:
+    """The record with the best validation NDCG@20 (the first on ties); reads nothing else."""
+    return max(records, key=lambda r: r[MONITOR])
 
 
 def grid_position(value: float, grid) -> str:
@@ -124,45 +108,111 @@ def grid_position(value: float, grid) -> str:
     return "top" if value == grid[-1] else "bottom" if value == grid[0] else "interior"
 
 
-def run_seed(seed: int, bar, backbone: str = "lightgcn", overrides: tuple[str, ...] = (), taus=TAUS,
-             nt_taus=NT_TAUS, nt_alphas=NT_ALPHAS, **run_kwargs) -> dict:
-    """All runs of one data seed: ``{"seed", "arms": {arm: metrics}, "chosen": {arm: tau/alphas/epoch}, "runs"}``."""
-    runs: list[dict] = []
+def chosen_entry(rec: dict, taus) -> dict:
+    return {"tau": rec["tau"], "alphas": rec["alphas"], "best_epoch": rec["best_epoch"],
+            "tau_position": grid_position(rec["tau"], taus)}
 
-    def run(loss, tau, alphas=(1.0, 1.0, 1.0, 1.0)):
-        result = train_run(seed, loss, tau, alphas, backbone=backbone, overrides=overrides, **run_kwargs)
-        runs.append(result)
-        bar.update(1)
-        bar.set_postfix(loss=loss, tau=tau, ndcg=f"{result['test/ndcg@20']:.3f}")
-        return result
 
-    best = lambda rs: max(rs, key=lambda r: r[MONITOR])  # noqa: E731
-    ssm = [run("ssm", tau) for tau in taus]
-    bidir = [run("bidirectional_ssm", tau) for tau in taus]
-    nt_paper = run("nt_ssm", 0.2, PAPER_ALPHAS)
-    uniform = [run("nt_ssm", tau, (a,) * 4) for tau in nt_taus for a in nt_alphas]
-    start = best(uniform)
-    probes = []
-    for k in range(4):
-        alphas = list(start["alphas"])
-        alphas[k] = round(alphas[k] / 2, 3)
-        probes.append(run("nt_ssm", start["tau"], tuple(alphas)))
-    chosen = {
-        "SSM, tau 0.2 (paper)": ssm[0],
-        "SSM, tau tuned": best(ssm),
-        "bidirectional SSM (NT, all alphas 1), tau 0.2": bidir[0],
-        "bidirectional SSM (NT, all alphas 1), tau tuned": best(bidir),
-        "NT-SSM, ml-1m alphas, tau 0.2 (paper)": nt_paper,
-        "NT-SSM, uniform alpha + tau tuned": start,
-        "NT-SSM, type-specific alphas + tau tuned": best(uniform + probes),
-    }
-    tau_grids = {"SSM, tau tuned": taus, "bidirectional SSM (NT, all alphas 1), tau tuned": taus,
-                 "NT-SSM, uniform alpha + tau tuned": nt_taus, "NT-SSM, type-specific alphas + tau tuned": nt_taus}
-    return {"seed": seed, "arms": {arm: {m: r[m] for m in METRICS} for arm, r in chosen.items()},
-            "chosen": {arm: {"tau": r["tau"], "alphas": r["alphas"], "best_epoch": r["best_epoch"],
-                             **({"tau_position": grid_position(r["tau"], tau_grids[arm])} if arm in tau_grids else {})}
-                       for arm, r in chosen.items()},
-            "runs": runs}
+def check_settings(spec) -> None:
+    """experiment.yaml's ``settings``: each ``select`` names arms of the experiment, its last member after the
+    others (the selection is made when that arm is done); ``probes.from`` is a selection; ``reported`` and
+    ``tuned_baseline`` name arms or tuned arms."""
+    names = [arm.name for arm in spec.arms]
+    settings = spec.settings
+    select = settings.get("select") or {}
+    for tuned, members in select.items():
+        missing = [m for m in members or [] if m not in names]
+        if not members or missing:
+            raise runner.ExperimentError(f"{spec.path}: settings.select.{tuned} names no arm or unknown arms "
+                                         f"{missing}; list arms of this experiment")
+        if tuned in names:
+            raise runner.ExperimentError(f"{spec.path}: settings.select.{tuned} is also an arm; give the tuned arm "
+                                         "a name of its own")
+        if max(names.index(m) for m in members) != names.index(members[-1]):
+            raise runner.ExperimentError(f"{spec.path}: settings.select.{tuned}: list its arms in the order of "
+                                         "`arms` (the selection is made after the last one)")
+    probes = settings.get("probes") or {}
+    if probes and (probes.get("from") not in select or not probes.get("name")):
+        raise runner.ExperimentError(f"{spec.path}: settings.probes needs `from`, a tuned arm of settings.select, "
+                                     f"and a `name`; got {probes}")
+    known = set(names) | set(select) | ({probes["name"]} if probes else set())
+    unknown = [a for a in [*(settings.get("reported") or []), settings.get("tuned_baseline")] if a not in known]
+    if unknown or not settings.get("reported"):
+        raise runner.ExperimentError(f"{spec.path}: settings.reported / tuned_baseline name unknown arms {unknown}; "
+                                     "name arms or tuned arms of this experiment")
+
+
+def evaluate(run) -> dict[str, float]:
+    """The run's metrics; when it is the last member of a selection, the tuned arm as a derived arm (the chosen
+    run's metrics), and after the probes' source selection the probes and the type-specific choice."""
+    key = (id(run.spec), run.seed, run.variant.name if run.variant else "")
+    if _SEED["key"] != key or run.arm is run.spec.arms[0]:
+        check_settings(run.spec)
+        _SEED.update(key=key, runs={})
+    seen = _SEED["runs"]
+    rec = record(run)
+    seen[run.arm.name] = rec
+    run.extra.update(run=rec, chosen={}, settings={k: run.settings.get(k) for k in REPORT_SETTINGS})
+    probes = run.settings.get("probes") or {}
+    for tuned, members in (run.settings.get("select") or {}).items():
+        if run.arm.name != members[-1]:
+            continue
+        missing = [m for m in members if m not in seen]
+        if missing:
+            raise runner.ExperimentError(f"settings.select.{tuned}: arms {missing} did not run before "
+                                         f"{run.arm.name}; list each selection's arms in the order of `arms`")
+        pool = [seen[m] for m in members]
+        choice = best(pool)
+        taus = [r["tau"] for r in pool]
+        run.derived[tuned] = metrics_of(choice)
+        run.extra["chosen"][tuned] = chosen_entry(choice, taus)
+        if probes.get("from") == tuned:
+            trials = [train_probe(run, choice, k) for k in range(len(ALPHA_KEYS))]
+            run.extra["probes"] = trials
+            final = best(pool + trials)
+            run.derived[probes["name"]] = metrics_of(final)
+            run.extra["chosen"][probes["name"]] = chosen_entry(final, taus)
+    return metrics_of(rec)
+
+
+def halved(alphas, k: int) -> list[float]:
+    """The probe's alphas: alpha ``k`` of ``alphas`` halved (rounded to 3 decimals), the others as they are."""
+    alphas = list(alphas)
+    alphas[k] = round(alphas[k] / 2, 3)
+    return alphas
+
+
+def train_probe(run, start: dict, k: int) -> dict:
+    """From the chosen point ``start``, alpha ``k`` halved: the chosen arm's configuration with tau and the alphas
+    overridden, built, fitted and tested as the runner builds every arm (the config's trainer and callbacks)."""
+    source = next(arm for arm in run.spec.arms if arm.name == start["arm"])
+    flags = runner.arm_flags(run.spec, source, run.variant) + runner.QUIET + [
+        runner.flag("model.init_args.tau", start["tau"]),
+        *(runner.flag(f"model.init_args.{key}", value) for key, value in zip(ALPHA_KEYS, halved(start["alphas"], k)))]
+    rec = fit_and_record(run, source, flags, run.root / f"probe_{ALPHA_KEYS[k]}")
+    return {**rec, "arm": f"probe: {ALPHA_KEYS[k]} halved from {start['arm']}"}
+
+
+def fit_and_record(run, arm, flags: list[str], root: Path) -> dict:
+    """A further run of ``run``'s seed (and variant) with CLI arguments ``flags``: fit, then `record`."""
+    probe = runner.Run(run.spec, arm, run.variant, run.seed, root, run.out)
+    probe.cli = probe.build(flags)
+    probe.trainer.fit(probe.model, datamodule=probe.datamodule)
+    probe.fitted = True
+    return record(probe)
+
+
+def train_run(seed: int, loss: str, tau: float, alphas=(1.0, 1.0, 1.0, 1.0), overrides: dict | None = None) -> dict:
+    """One run of the experiment's protocol outside its grid (experiment.yaml's overrides, then this loss, tau,
+    alphas and ``overrides``; ``seed`` drives the model and the data), built and fitted as the runner builds every
+    arm, in a temporary folder: its `record`. For a single comparison (tests) without the whole grid."""
+    spec = runner.load_spec("nt_ssm")
+    values = {"model.init_args.loss": loss, "model.init_args.tau": tau,
+              **{f"model.init_args.{key}": value for key, value in zip(ALPHA_KEYS, alphas)}, **(overrides or {})}
+    arm = runner.Arm(f"{loss}, tau {tau:g}", list(spec.arms[0].configs), values)
+    with tempfile.TemporaryDirectory(prefix="nt_ssm_run_") as root, runner.isolated():
+        run = runner.Run(spec, arm, None, seed, Path(root), Path(root))
+        return fit_and_record(run, arm, runner.arm_flags(spec, arm) + runner.QUIET, Path(root))
 
 
 # ============================================================================================ speed
@@ -245,31 +295,55 @@ def speed(epochs: int = 10, eval_repeats: int = 20, data_overrides: tuple[str, .
                                  "ratio": lightning_eval / plain_eval}}
 
 
-def stored_speed(path: Path) -> dict | None:
-    """``--skip-speed``: the speed block of an earlier ``<out>/<name>.json`` (timings want quiet cores, so a
-    re-run on a busy machine keeps the stored figures instead of re-measuring), marked as carried over; None
-    when there is none."""
-    if not path.is_file():
-        return None
-    previous = json.loads(path.read_text()).get("speed")
-    if not previous:
-        return None
-    return {**previous, "carried_over": previous.get("carried_over", "not re-measured (--skip-speed): taken "
-                                                     "unchanged from the previous results file, which measured it")}
-
-
 # ============================================================================================ report
-def markdown(arms: dict, per_seed: list[dict], speed_result: dict | None) -> str:
+def report(result: dict, records: list[dict]) -> dict:
+    """``chosen`` ({arm: [its tau / alphas / best epoch per seed]}, tuned arms with ``tau_position``), ``runs``
+    (every run of every seed, probes included), ``paired_tuned`` (the reported arms minus ``tuned_baseline`` over
+    seeds), ``backbone`` (and ``cl_weight`` on SimGCL) and the ``speed`` block; prints the markdown table."""
+    settings = next(extra["settings"] for seed in records for runs in seed.values() for extra in runs.values())
+    reported = settings["reported"]
+    chosen: dict[str, list] = {arm: [] for arm in reported}
+    runs = []
+    for seed in records:
+        seed_runs = seed.get("", {})
+        picks = {arm: {k: extra["run"][k] for k in ("tau", "alphas", "best_epoch")}
+                 for arm, extra in seed_runs.items() if arm in reported}
+        for extra in seed_runs.values():
+            picks.update(extra["chosen"])
+        for arm in reported:
+            if arm in picks:
+                chosen[arm].append(picks[arm])
+        runs.append([r for extra in seed_runs.values() for r in [extra["run"], *extra.get("probes", [])]])
+    chosen = {arm: picks for arm, picks in chosen.items() if picks}
+    first = runs[0][0]
+    rows = [{arm: cells for arm, cells in row.items() if arm in reported} for row in result["per_seed"]]
+    extra = {"backbone": first["backbone"], **({"cl_weight": first["cl_weight"]} if "cl_weight" in first else {}),
+             "chosen": chosen, "runs": runs,
+             "paired_tuned": runner.paired(rows, settings["tuned_baseline"], list(METRICS)),
+             "speed": speed(**speed_arguments(settings["speed"])) if settings.get("speed") else None}
+    print(markdown({arm: result["arms"][arm] for arm in chosen}, chosen, extra["speed"]))
+    return extra
+
+
+def speed_arguments(value: dict) -> dict:
+    """``settings.speed`` ({epochs, eval_repeats, data: {datamodule argument: value}}) as `speed`'s arguments."""
+    unknown = sorted(set(value) - {"epochs", "eval_repeats", "data"})
+    if unknown:
+        raise runner.ExperimentError(f"settings.speed: unknown key(s) {unknown}; allowed: data, epochs, eval_repeats")
+    data = tuple(runner.flag(f"data.init_args.{k}", v) for k, v in (value.get("data") or {}).items())
+    return {k: v for k, v in value.items() if k != "data"} | {"data_overrides": data}
+
+
+def markdown(arms: dict, chosen: dict, speed_result: dict | None) -> str:
     lines = ["| arm | test NDCG@20 | test Recall@20 | val NDCG@20 | chosen (tau; alphas uu/ii/ui/iu) per seed |",
              "|---|---|---|---|---|"] if arms else []
     for arm, m in arms.items():
-        chosen = ", ".join(f"{s['chosen'][arm]['tau']:g}"
-                           + {"top": " (grid top)", "bottom": " (grid bottom)"}.get(
-                               s["chosen"][arm].get("tau_position"), "")
-                           + f"; {'/'.join(f'{a:g}' for a in s['chosen'][arm]['alphas'])}" for s in per_seed)
+        picks = ", ".join(f"{s['tau']:g}" + {"top": " (grid top)", "bottom": " (grid bottom)"}.get(
+                              s.get("tau_position"), "")
+                          + f"; {'/'.join(f'{a:g}' for a in s['alphas'])}" for s in chosen[arm])
         lines.append(f"| {arm} | {m['test/ndcg@20']['mean']:.4f} ± {m['test/ndcg@20']['std']:.4f} | "
                      f"{m['test/recall@20']['mean']:.4f} ± {m['test/recall@20']['std']:.4f} | "
-                     f"{m['val/ndcg@20']['mean']:.4f} | {chosen} |")
+                     f"{m['val/ndcg@20']['mean']:.4f} | {picks} |")
     if speed_result:
         lines += ["", f"Speed ({speed_result['setting']}):", "",
                   "| work | Lightning | plain PyTorch | ratio |", "|---|---|---|---|"]
@@ -280,12 +354,14 @@ def markdown(arms: dict, per_seed: list[dict], speed_result: dict | None) -> str
     return "\n".join(lines)
 
 
-def plot(arms: dict, path: Path, backbone: str = "lightgcn") -> None:
+def plot(result: dict, path) -> None:
+    """Test NDCG@20 of the reported arms (mean ± std over seeds)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list(arms)
+    names = list(result["chosen"])
+    arms = result["arms"]
     means = [arms[a]["test/ndcg@20"]["mean"] for a in names]
     stds = [arms[a]["test/ndcg@20"]["std"] for a in names]
     fig, ax = plt.subplots(figsize=(9, 4))
@@ -293,75 +369,14 @@ def plot(arms: dict, path: Path, backbone: str = "lightgcn") -> None:
     ax.set_yticks(range(len(names)), names, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("test NDCG@20 (best-valid epoch; mean ± std over data seeds)")
-    ax.set_title(f"NT-SSM vs SSM, {'SimGCL' if backbone == 'simgcl' else 'LightGCN'} on the synthetic clustered graph")
+    backbone = "SimGCL" if result.get("backbone") == "simgcl" else "LightGCN"
+    ax.set_title(f"NT-SSM vs SSM, {backbone} on the synthetic clustered graph")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = experiment_parser(__doc__.splitlines()[0], seeds=3)
-    parser.add_argument("--skip-speed", action="store_true", help="leave out the Lightning vs plain-loop timing")
-    parser.add_argument("--speed-only", action="store_true",
-                        help="only the Lightning vs plain-loop timing (printed, nothing written)")
-    parser.add_argument("--backbone", choices=("lightgcn", "simgcl"), default="lightgcn",
-                        help="simgcl: every arm on SimGCL (simgcl_quick.yaml); writes nt_ssm_simgcl_cl<W>.json/.png")
-    parser.add_argument("--cl-weight", type=float, default=0.5,
-                        help="SimGCL's contrastive weight (official 0.5); only with --backbone simgcl")
-    args = parser.parse_args(argv)
-    quiet_single_thread()
-    logging.getLogger("datamodules.interaction_graph").setLevel(logging.ERROR)
-    data_overrides = SMOKE_DATA if args.smoke else ()
-    speed_sizes = dict(epochs=2, eval_repeats=2, data_overrides=SMOKE_DATA) if args.smoke else {}
-    start = time.perf_counter()
-    if args.speed_only:
-        speed_result = speed(**speed_sizes)
-        print(markdown({}, [], speed_result))
-        return {"speed": speed_result}
-    simgcl = args.backbone == "simgcl"
-    overrides = (*data_overrides, *((f"--model.init_args.cl_weight={args.cl_weight}",) if simgcl else ()))
-    name = f"nt_ssm_simgcl_cl{args.cl_weight:g}" if simgcl else PAPER
-    grids = SMOKE_GRIDS if args.smoke else {}
-    run_kwargs = dict(max_epochs=1, patience=1) if args.smoke else {}
-    bar = progress(None, desc=f"{name} runs", total=args.seeds * runs_per_seed(**grids))
-    partial = Path(args.out) / f"{name}.partial.json"  # every finished seed, in case a long run is stopped
-    per_seed = []
-    for seed in range(args.seeds):
-        per_seed.append(run_seed(seed, bar, args.backbone, overrides, **grids, **run_kwargs))
-        partial.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(json.dumps({"seeds_done": len(per_seed), "per_seed": per_seed}))
-    bar.close()
-    partial.unlink(missing_ok=True)
-    arms = summarise([s["arms"] for s in per_seed])
-    speed_result = stored_speed(Path(args.out) / f"{name}.json") if args.skip_speed else speed(**speed_sizes)
-    wall = time.perf_counter() - start
-    config = {"config_file": CONFIGS[args.backbone],
-              "varied": "loss, tau, alpha_uu/ii/ui/iu, data seed (= model seed), ks [20]"
-                        + (", cl_weight" if simgcl else ""),
-              "overrides": list(overrides), "max_epochs": run_kwargs.get("max_epochs", 80),
-              "early_stopping": {"monitor": MONITOR, "patience": run_kwargs.get("patience", 5)},
-              "taus": grids.get("taus", TAUS), "nt_taus": grids.get("nt_taus", NT_TAUS),
-              "nt_alphas": grids.get("nt_alphas", NT_ALPHAS), "paper_alphas": PAPER_ALPHAS,
-              "selection_runs": {"SSM, tau tuned": len(grids.get("taus", TAUS)),
-                                 "bidirectional SSM (NT, all alphas 1), tau tuned": len(grids.get("taus", TAUS)),
-                                 "NT-SSM, uniform alpha + tau tuned":
-                                     len(grids.get("nt_taus", NT_TAUS)) * len(grids.get("nt_alphas", NT_ALPHAS)),
-                                 "NT-SSM, type-specific alphas + tau tuned":
-                                     nt_grid_size(grids.get("nt_taus", NT_TAUS), grids.get("nt_alphas", NT_ALPHAS))},
-              "selection": "each tuned arm: the run with the best val NDCG@20 of its data seed (test never read)",
-              "protocol": "synthetic clustered graph (1000 users, 1500 items), per-user 70/10/20; LightGCN d 32 L 2, "
-                          "Adam 1e-3, batch 512, reg 1e-4, <= 80 epochs, early stop on val NDCG@20 (patience 5); "
-                          "test at the best-valid epoch, full ranking, only train items masked at test",
-              "smoke": args.smoke}
-    result = write_result(PAPER, seeds=args.seeds, wall_s=wall, config=config, arms=arms, per_seed=per_seed,
-                          out=args.out, name=name, title=TITLE, backbone=args.backbone,
-                          **({"cl_weight": args.cl_weight} if simgcl else {}), speed=speed_result)
-    out = Path(args.out)
-    plot(arms, out / f"{name}.png", args.backbone)
-    print(markdown(arms, per_seed, speed_result))
-    print(f"\nwall {wall:.0f} s; results in {out / (name + '.json')} and {out / (name + '.png')}")
-    return result
+if __name__ == "__main__":  # the older spelling: python -m experiments.nt_ssm [flags]
+    import sys
 
-
-if __name__ == "__main__":
-    main()
+    sys.exit(runner.experiment_command(["nt_ssm", *sys.argv[1:]]))

@@ -415,7 +415,8 @@ def run_experiment(name: str, *, smoke: bool = False, seeds: int | None = None, 
         spec.seeds = seeds
     hooks = {hook: resolve_hook(target) for hook, target in spec.hooks.items()}
     kit.quiet_single_thread()
-    logging.getLogger("lightning_modules").setLevel(logging.ERROR)  # the modules' notes; errors still show
+    for package in ("lightning_modules", "datamodules"):  # the modules' and datamodules' notes; errors still show
+        logging.getLogger(package).setLevel(logging.ERROR)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     settings = [(None, arm) for arm in spec.arms] + [(v, arm) for v in spec.variants for arm in spec.arms]
