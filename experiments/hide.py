@@ -22,7 +22,9 @@ Per seed:
    0.25), ``target_coverage`` (fraction of the target pixels inside HiDe's boxes), ``box_iou_raw`` (the same for
    boxes of the raw attention: no smoothing, no prior subtraction; the TAD ablation) and ``no_zoom_rate``.
 
-Outputs: ``results/hide.json`` (arms ``<arm>/clutter<N>``) and ``results/hide.png`` (accuracy vs clutter).
+Outputs: ``results/hide.json`` (arms ``<arm>/clutter<N>``; ``paired``: per clutter level, the accuracy of every arm
+minus the full image, of HiDe minus upscaling and minus the oracle crop, of the oracle crop minus upscaling, seed by
+seed with a 95% t interval, the collection's rule for a claim) and ``results/hide.png`` (accuracy vs clutter).
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ import numpy as np
 import torch
 
 from experiments import kit
+from icml26.paired import paired_block, paired_table
 from lightning_modules.hide.hide_zoom import best_iou, compact_image, merge_boxes, raw_attention_boxes, scale_boxes
 
 TOY_CONFIG = "configs/hide/toy_mllm_quick.yaml"
@@ -140,6 +143,20 @@ def run_seed(seed: int, args, folder: str) -> tuple[dict, dict]:
     return arms, {"layer": layer, "val_box_iou_by_layer": layer_scores}
 
 
+def paired(per_seed: list[dict], levels: list[int]) -> dict:
+    """The accuracy differences seed by seed with their 95% t interval (`icml26.paired`), per clutter level:
+    every arm minus the full image, HiDe minus upscaling (magnification alone) and minus the oracle crop, and the
+    oracle crop minus upscaling (removing background vs magnifying, with a perfect localiser)."""
+    block = {}
+    for n in levels:
+        block.update(paired_block(per_seed, f"full image/clutter{n}", ["accuracy"],
+                                  [f"{arm}/clutter{n}" for arm in ("hide", "upscaled", "oracle crop")]))
+        for baseline in ("upscaled", "oracle crop"):
+            block.update(paired_block(per_seed, f"{baseline}/clutter{n}", ["accuracy"], [f"hide/clutter{n}"]))
+        block.update(paired_block(per_seed, f"upscaled/clutter{n}", ["accuracy"], [f"oracle crop/clutter{n}"]))
+    return block
+
+
 def plot(arms: dict, levels: list[int], path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -161,7 +178,7 @@ def plot(arms: dict, levels: list[int], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = kit.experiment_parser(__doc__.splitlines()[0], seeds=3)
+    parser = kit.experiment_parser(__doc__.splitlines()[0], seeds=5)
     parser.add_argument("--steps", type=int, default=900, help="training steps of the toy MLLM per seed")
     parser.add_argument("--evals", type=int, default=6, help="validations during training (keep-best)")
     parser.add_argument("--num-val", type=int, default=50, help="validation questions per clutter level")
@@ -184,9 +201,11 @@ def main(argv: list[str] | None = None) -> dict:
     config = {key: value for key, value in vars(args).items() if key not in ("seeds", "out")}
     config["configs"] = {"toy_mllm": TOY_CONFIG, "hide": HIDE_CONFIG}
     result = kit.write_result(PAPER, seeds=args.seeds, wall_s=time.time() - start, config=config, arms=arms,
-                              per_seed=per_seed, out=args.out, name="hide", selected_layers=layers)
+                              per_seed=per_seed, out=args.out, name="hide", selected_layers=layers,
+                              paired=paired(per_seed, levels))
     plot(arms, levels, os.path.join(args.out, "hide.png"))
     print(kit.markdown_table(arms))
+    print("\n" + paired_table(result["paired"]))
     print(f"\nlayers chosen on validation: {[i['layer'] for i in layers]}; wall {result['wall_s']:.0f} s "
           f"({args.seeds} seeds)")
     return result

@@ -2,6 +2,7 @@
 
     python -m experiments.timings                    # the training commands of README.md and docs/*.md
     python -m experiments.timings --parts suite      # the default test suite (the README's test line)
+    python -m experiments.timings --parts experiments  # only re-read the experiments' walls from results/
 
 * Training commands: every ``python train.py ...`` line of a fenced block in README.md and docs/*.md, run as a user
   runs it (a fresh process, from a scratch folder per page, in page order, so a command finds the checkpoint an
@@ -33,7 +34,7 @@ from experiments import kit
 
 DOC_FILES = ("README.md", "docs/*.md")
 TEST_LINE = "python -m pytest -q"
-PARTS = ("commands", "suite")
+PARTS = ("commands", "suite", "experiments")  # experiments: only the walls the scripts wrote (nothing is run)
 
 
 def doc_files(root: Path = kit.REPO_ROOT) -> list[str]:

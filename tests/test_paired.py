@@ -14,6 +14,7 @@ from icml26.paired import NOTE_KEY, paired_block, paired_command, paired_table, 
 from lightning_modules.shared.errors import UserInputError
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
+T_975_4 = 2.7764451051977934  # scipy.stats.t.ppf(0.975, 4): five seeds
 T_975_2 = 4.302652729911275  # scipy.stats.t.ppf(0.975, 2): three seeds
 
 
@@ -23,18 +24,20 @@ def load(name: str) -> dict:
 
 # ------------------------------------------------------------------------------------------ hand-checked intervals
 def test_flat_records_infogeo_shifted_r1_by_hand():
-    """``{arm: {metric: v}}`` records: InfoGeo's shifted R@1 is +10.5, +4.0 and -10.5 points on the three seeds."""
+    """``{arm: {metric: v}}`` records: InfoGeo's shifted R@1 is +10.5, +4.0, -10.5, +2.5 and +0.5 points on the
+    five seeds."""
     per_seed = load("infogeo.json")["per_seed"]
-    assert [(r["infogeo"]["r1_shifted"], r["baseline"]["r1_shifted"]) for r in per_seed] == [
-        (50.0, 39.5), (48.5, 44.5), (46.5, 57.0)]
-    diffs = [10.5, 4.0, -10.5]
-    mean = sum(diffs) / 3  # 1.333
-    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 2)  # 10.751
-    half = T_975_2 * sd / math.sqrt(3)  # 26.707
+    pairs = [(r["infogeo"]["r1_shifted"], r["baseline"]["r1_shifted"]) for r in per_seed]
+    expected = [(50.0, 39.5), (48.5, 44.5), (46.5, 57.0), (47.5, 45.0), (59.0, 58.5)]
+    assert pairs == [(pytest.approx(a, abs=1e-4), pytest.approx(b, abs=1e-4)) for a, b in expected]
+    diffs = [10.5, 4.0, -10.5, 2.5, 0.5]
+    mean = sum(diffs) / 5  # 1.3
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 4)
+    half = T_975_4 * sd / math.sqrt(5)
     cell = paired_block(per_seed, "baseline", ["r1_shifted"], ["infogeo"])["infogeo - baseline"]["r1_shifted"]
-    assert cell == {"mean": pytest.approx(mean), "lo": pytest.approx(mean - half), "hi": pytest.approx(mean + half),
-                    "n": 3}
-    assert cell["lo"] == pytest.approx(-25.3736, abs=1e-4) and cell["hi"] == pytest.approx(28.0402, abs=1e-4)
+    assert cell == {"mean": pytest.approx(mean, abs=1e-4), "lo": pytest.approx(mean - half, abs=1e-4),
+                    "hi": pytest.approx(mean + half, abs=1e-4), "n": 5}
+    assert cell["lo"] == pytest.approx(-8.0807, abs=1e-4) and cell["hi"] == pytest.approx(10.8807, abs=1e-4)
 
 
 def test_seed_and_arms_records_nt_ssm_ndcg_by_hand():
