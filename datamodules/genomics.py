@@ -2,7 +2,8 @@
 
 Token ids (byte-level vocabulary of the official code): A=0, C=1, G=2, T=3, N=4 (every other IUPAC letter too),
 [MASK]=5, [PAD]=6. Lower case (soft-masked repeats) is upper-cased. Batches are right-padded dicts
-``{"tokens": long (B, L), "mask": bool (B, L), "label": long (B,)}`` (no label for pretraining).
+``{"tokens": long (B, L), "mask": bool (B, L), "label": long (B,), "index": long (B,)}`` (no label for
+pretraining; ``index`` = each sequence's position in its split, which seeds its evaluation masks).
 
 Sources (nothing is downloaded; real data comes from a local ``data_dir``):
 
@@ -421,7 +422,8 @@ def read_genomic_benchmarks(data_dir: str, split: str, classes: list[str] | None
 
 # ============================================================================================ datasets
 class SequenceDataset(Dataset):
-    """Variable-length token arrays (+ optional labels)."""
+    """Variable-length token arrays (+ optional labels); each item carries its ``index`` in the split (the global
+    index that seeds a sequence's evaluation masks and drops the sampler's padding copies)."""
 
     def __init__(self, sequences: list[np.ndarray], labels: np.ndarray | None = None) -> None:
         self.sequences, self.labels = sequences, labels
@@ -430,7 +432,7 @@ class SequenceDataset(Dataset):
         return len(self.sequences)
 
     def __getitem__(self, index: int):
-        item = {"tokens": torch.from_numpy(np.asarray(self.sequences[index], dtype=np.int64))}
+        item = {"tokens": torch.from_numpy(np.asarray(self.sequences[index], dtype=np.int64)), "index": int(index)}
         if self.labels is not None:
             item["label"] = int(self.labels[index])
         return item
@@ -447,6 +449,8 @@ class PadCollate:
         batch = {"tokens": tokens, "mask": tokens != PAD_ID}
         if "label" in items[0]:
             batch["label"] = torch.tensor([item["label"] for item in items], dtype=torch.long)
+        if "index" in items[0]:
+            batch["index"] = torch.tensor([item["index"] for item in items], dtype=torch.long)
         return batch
 
 

@@ -27,8 +27,10 @@ File ids are mapped to contiguous ids 1..N in order of first appearance.
 
 Batches: training ``(input, target)``, both (B, max_len) and LEFT-padded with 0: the next item at every
 position (input = s[:-1], target = s[1:] of the most recent ``max_len + 1`` items of a training sequence s;
-target 0 = ignore). Evaluation ``(history, target)``: history (B, max_len) left-padded (most recent items),
-target (B,). ``predict_dataloader`` is the test loader.
+target 0 = ignore). Evaluation ``(history, target, index)``: history (B, max_len) left-padded (most recent items),
+target (B,), index (B,) the row's position in its split (the global index that seeds a user's sampled-protocol
+negatives and drops the sampler's padding copies, so 1 and N processes evaluate alike). ``predict_dataloader`` is
+the test loader.
 
 RSIR API: ``training_sequences`` (the current list, original first), ``add_training_sequences(list of 1-D
 LongTensors)`` (appended as pseudo-users, counted and capped by ``max_total_sequences`` with an error that
@@ -253,7 +255,7 @@ class SequentialRecDataModule(LightningDataModule):
                           num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
 
     def _eval_loader(self, history: Tensor, target: Tensor) -> DataLoader:
-        dataset = TensorDataset(history, target)
+        dataset = TensorDataset(history, target, torch.arange(len(target)))
         return DataLoader(dataset, batch_size=self.eval_batch_size, sampler=evaluation_sampler(dataset, self.trainer),
                           shuffle=False, num_workers=self.num_workers)
 

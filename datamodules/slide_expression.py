@@ -25,9 +25,11 @@ reconstruction for CPU tests, not the paper's data):
 
 ``source="files"``: the public SEQUOIA / RNA-FM formats under ``data_dir``:
 
-* ``reference_csv`` (default ``reference.csv``): one row per slide with ``wsi_file_name``, optional
+* ``reference_csv`` (default ``reference.csv``): one row per slide with ``wsi_file_name`` (the slide's path or
+  name; as in the official reader the folder and a ``.svs`` suffix are dropped to name its features), optional
   ``patient_id`` (splits are by patient when present, so no patient is in two splits) and ``rna_<GENE>`` columns
-  of raw FPKM-UQ values (``target_transform="log2p1"``: y = log2(x + 1); ``"none"``: used as given);
+  of raw FPKM-UQ values (``target_transform="log2p1"``: y = log2(x + 1); ``"none"``: used as given; a
+  ``rna_file_name`` column is not a gene);
 * per-slide HDF5 ``{features_dir}/{slide}/{slide}.h5`` (the official layout) or ``{features_dir}/{slide}.h5``
   holding dataset ``feature_key`` (default ``cluster_features``) of shape [C, D], equal for all slides;
 * optional ``pathway_json``: ``{pathway_name: [gene index or gene symbol, ...], "UNMAPPED": [...],
@@ -125,6 +127,13 @@ def synthetic_slides(num_slides: int = 600, num_pathway_genes: int = 400, num_pa
 
 
 # ============================================================================================ files
+def slide_id(wsi_file_name: str) -> str:
+    """The feature-folder name of a ``wsi_file_name`` entry: the official reference files hold the slide's path
+    (``.../TCGA-XX-XXXX-01Z-00-DX1.<uuid>.svs``) and the official reader keeps its base name without ``.svs``
+    (RNA-FM ``src/read_data_log.py``); a bare slide name is kept as it is."""
+    return wsi_file_name.strip().replace("\\", "/").split("/")[-1].replace(".svs", "")
+
+
 def read_reference_csv(path: str, transform: str = "log2p1") -> tuple[list[str], list[str], list[str], np.ndarray]:
     """(slide ids, patient ids, gene names, expression [N, G]) of a SEQUOIA/RNA-FM reference CSV."""
     if not os.path.isfile(path):
@@ -138,7 +147,9 @@ def read_reference_csv(path: str, transform: str = "log2p1") -> tuple[list[str],
         if "wsi_file_name" not in header:
             raise UserInputError(f"reference CSV '{path}' has no 'wsi_file_name' column (header starts "
                                  f"{header[:5]}).")
-        gene_cols = [i for i, name in enumerate(header) if name.startswith("rna_")]
+        # ``rna_file_name`` (the RNA-seq file path of SEQUOIA's reference files) is not a gene, as in the official
+        # reader (RNA-FM ``src/read_data_log.py``)
+        gene_cols = [i for i, name in enumerate(header) if name.startswith("rna_") and name != "rna_file_name"]
         if not gene_cols:
             raise UserInputError(f"reference CSV '{path}' has no rna_<GENE> columns.")
         slide_col = header.index("wsi_file_name")
@@ -147,7 +158,7 @@ def read_reference_csv(path: str, transform: str = "log2p1") -> tuple[list[str],
         for line, row in enumerate(reader, start=2):
             if len(row) != len(header):
                 raise UserInputError(f"{path}, line {line}: {len(row)} fields, the header has {len(header)}.")
-            slide = row[slide_col].strip()
+            slide = slide_id(row[slide_col])
             if not slide:
                 raise UserInputError(f"{path}, line {line}: empty wsi_file_name.")
             values = []

@@ -20,7 +20,9 @@ File loaders (``task="jsonl"`` or ``"parquet"``), files ``data_dir/train_file`` 
   ``answer`` / ``answers`` (a string, a number or a list of acceptable answers); optional ``id``, ``tier``.
 * verl-style parquet: ``prompt`` as a chat list, ``reward_model.ground_truth`` (string or list),
   ``extra_info.index`` as the stable id; plain ``question``/``answer`` columns work too.
-* Prompt ids: ``id`` / ``extra_info.index`` (non-negative integers, unique within a file), else the row number.
+* Prompt ids: ``id`` / ``extra_info.index`` (non-negative integers, unique within a file), else the row number;
+  string ids (DAPO-Math-17k's ``extra_info.index`` is a UUID) must be unique and give the row number too (the
+  string is kept as ``source_id``).
   Each split numbers its rows from 0 (verl's ``extra_info.index`` restarts in every split), and ids key the
   rollout allocators' per-prompt history and the evaluation, so the evaluation file's ids are shifted by
   ``TEST_ID_OFFSET`` (1_000_000, or the next ``1_000_000 * 10**k`` above the largest training id): as in the
@@ -290,11 +292,14 @@ def record_to_example(record, where: str, position: int) -> dict:
         prompt_id = _get(record, "extra_info.index")
     if prompt_id is None:
         prompt_id = position
+    source_id = None
     try:
         prompt_id = int(prompt_id)
     except (TypeError, ValueError):
-        raise UserInputError(f"{where}: field 'id' / 'extra_info.index' must be an integer, got {prompt_id!r}.") \
-            from None
+        if not isinstance(prompt_id, str) or not prompt_id.strip():
+            raise UserInputError(f"{where}: field 'id' / 'extra_info.index' must be an integer or a non-empty "
+                                 f"string, got {prompt_id!r}.") from None
+        source_id, prompt_id = prompt_id, position  # a string key (DAPO-Math-17k's UUIDs): see `_checked`
     if prompt_id < 0:
         raise UserInputError(f"{where}: field 'id' / 'extra_info.index' is {prompt_id}; ids must be >= 0.")
     tier = next((t for t in (_get(record, k) for k in ("tier", "level", "difficulty")) if t is not None), -1)
@@ -302,7 +307,10 @@ def record_to_example(record, where: str, position: int) -> dict:
         tier = int(tier)
     except (TypeError, ValueError):
         tier = -1  # textual levels ("Level 3" in MATH) are not tiers
-    return {"prompt_id": prompt_id, "prompt": prompt, "answers": answers, "tier": tier}
+    example = {"prompt_id": prompt_id, "prompt": prompt, "answers": answers, "tier": tier}
+    if source_id is not None:
+        example["source_id"] = source_id
+    return example
 
 
 def load_jsonl(path: str) -> list[dict]:
@@ -341,6 +349,19 @@ def load_parquet(path: str) -> list[dict]:
 def _checked(examples: list[dict], path: str) -> list[dict]:
     if not examples:
         raise UserInputError(f"{path}: the file holds no examples.")
+    keys = [ex.get("source_id") for ex in examples]
+    if any(key is not None for key in keys):
+        # string ids (DAPO-Math-17k's extra_info.index is a UUID): the prompt id is the row number, which is as
+        # stable as the file; the strings must still name distinct prompts
+        strings = [key for key in keys if key is not None]
+        if len(strings) != len(keys):
+            raise UserInputError(f"{path}: 'id' / 'extra_info.index' mixes integers and strings; use one kind.")
+        if len(set(strings)) != len(strings):
+            duplicate = next(k for k in strings if strings.count(k) > 1)
+            raise UserInputError(f"{path}: prompt id {duplicate!r} appears more than once; ids ('id' / "
+                                 "'extra_info.index') must be unique.")
+        for position, ex in enumerate(examples):
+            ex["prompt_id"] = position
     ids = [ex["prompt_id"] for ex in examples]
     if len(set(ids)) != len(ids):
         duplicate = next(i for i in ids if ids.count(i) > 1)

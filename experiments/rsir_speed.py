@@ -92,7 +92,7 @@ def measure(sizes: dict, steps: int, eval_repeats: int, users: int) -> dict:
     with torch.no_grad():
         for _ in range(eval_repeats):
             metrics = LeaveOneOutMetrics((5, 10, 20))
-            for history, target in data.val_dataloader():
+            for history, target, *_ in data.val_dataloader():
                 metrics.update(leave_one_out_ranks(lit.masked_scores(history), target))
             metrics.compute()
     out["eval_users_per_s_plain"] = evaluated / (time.perf_counter() - start)

@@ -267,6 +267,27 @@ def test_multiple_ppo_passes_take_several_optimizer_steps_and_clip():
     assert trainer.callback_metrics["train/clip_fraction"] > 0  # later passes are off-policy: clipping active
 
 
+def test_bf16_true_steps_with_allocators_and_frees_gradients():
+    """Under precision bf16-true Lightning makes bfloat16 the default dtype inside the step: the group statistics,
+    advantages and DARS / Knapsack bookkeeping (float32 rewards) must not build bfloat16 buffers (this crashed the
+    first step of the DARS, Knapsack-RL and Multi-RLCR paper configs). Gradients are freed after each step."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        rewards, groups = torch.tensor([0.0, 1.0, 1.0, 1.0], dtype=torch.float32), torch.tensor([0, 0, 1, 1])
+        stats = group_statistics(rewards, groups, 2)
+        assert stats["mean"].dtype == torch.float32 and stats["mixed"].tolist() == [True, False]
+        assert group_advantages(rewards, groups).dtype == torch.float32
+    finally:
+        torch.set_default_dtype(previous)
+    for allocator in (DARSAllocator(max_rollouts=4), KnapsackAllocator(min_n=2, max_n=8, min_history=1)):
+        model = GRPO(small_gpt(), reward=EvenLengthReward(), rollout_allocator=allocator, rollouts_per_prompt=2,
+                     max_new_tokens=4, eval_samples=2, scale_by_group_std=False, rollout_seed=0)
+        trainer = Trainer(max_steps=2, limit_val_batches=0, precision="bf16-true", **QUIET)
+        trainer.fit(model, datamodule=small_datamodule())
+        assert trainer.global_step == 2, type(allocator).__name__
+        assert all(p.grad is None for p in model.policy.parameters())
+
 def test_zero_variance_filter_skips_update_without_signal():
     class AlwaysRight(ExactMatchReward):
         def __call__(self, completions, answers):

@@ -535,3 +535,39 @@ def test_a_tokenizer_larger_than_the_language_model_is_one_clear_error(tmp_path)
     batch["prompt"][0, -1] = 40
     with pytest.raises(UserInputError, match="a batch holds token id 40 .*vocab_size=41"):
         model.option_logprobs(batch)
+
+
+def test_qwen2_audio_encoder_states_all_have_the_encoder_positions(tmp_path):
+    """Qwen2-Audio's encoder pools its final output by 2 (750 positions) while its other layers keep 1,500; the
+    wrapper returns the final layer at 1,500 positions (its final norm applied), so PCLM can pool and mix every
+    layer alike and the final layer is not pooled twice."""
+    from transformers import AutoConfig, Qwen2AudioForConditionalGeneration
+
+    config = AutoConfig.for_model(
+        "qwen2_audio", audio_config={"model_type": "qwen2_audio_encoder", "num_mel_bins": 128, "encoder_layers": 2,
+                                     "encoder_attention_heads": 2, "encoder_ffn_dim": 32, "d_model": 16,
+                                     "max_source_positions": 1500},
+        text_config={"model_type": "qwen2", "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+                     "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 64})
+    torch.manual_seed(0)
+    Qwen2AudioForConditionalGeneration(config).save_pretrained(str(tmp_path / "qwen2_audio"))
+    encoder = HFWhisperEncoder(path=str(tmp_path / "qwen2_audio")).eval()
+    waveform = torch.randn(2, 16000) * 0.1
+    with torch.no_grad():
+        states, mask = encoder(waveform, torch.tensor([16000, 8000]))
+        captured = []
+        hook = encoder.model.layers[-1].register_forward_hook(lambda m, a, o: captured.append(o))
+        features, frames = encoder.front_end(waveform, torch.tensor([16000, 8000]))
+        encoder.model(torch.nn.functional.pad(features, (0, 0, 0, 3000 - features.shape[1])).transpose(1, 2))
+        hook.remove()
+    assert [s.shape[1] for s in states] == [1500, 1500, 1500] and mask.shape == (2, 1500)
+    positions = ((frames + 1) // 2).tolist()                             # 1 s and 0.5 s at 50 positions per second
+    assert mask.sum(1).tolist() == positions and 48 <= positions[0] <= 50 and 23 <= positions[1] <= 25
+    last = captured[0][0] if isinstance(captured[0], tuple) else captured[0]
+    assert torch.allclose(states[-1], encoder.model.layer_norm(last))
+    model = AudioLanguageModel(encoder, TinyAudioLM(vocab_size=40, width=16, num_heads=2), pclm=True,
+                               pclm_layers=[1, 2], pool_stride=2)
+    pooled, pooled_mask, _ = model.audio_tokens({"waveform": waveform, "wave_lengths": torch.tensor([16000, 8000]),
+                                                 "prompt": torch.ones(2, 3, dtype=torch.long),
+                                                 "prompt_mask": torch.ones(2, 3, dtype=torch.bool)})
+    assert pooled.shape[1] == 750 and pooled_mask.sum(1).tolist() == [(n + 1) // 2 for n in positions]

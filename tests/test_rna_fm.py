@@ -343,6 +343,21 @@ def test_file_loaders_read_csv_hdf5_and_pathways(tmp_path):
     assert batch["features"].shape[1:] == (4, 3) and batch["expression"].shape[1] == 4
 
 
+def test_reference_csv_with_slide_paths_and_rna_file_name(tmp_path):
+    """The released reference files name slides by their .svs path and may carry an rna_file_name column
+    (RNA-FM pre_processing/generate_ref_file.py, src/read_data_log.py): features/<stem>/<stem>.h5 is read and
+    rna_file_name is not a gene."""
+    lines = _write_files(tmp_path)
+    header, rows = lines[0].split(","), [line.split(",") for line in lines[1:]]
+    text = [",".join(["wsi_file_name", "patient_id", "rna_file_name", *header[3:]])]
+    for row in rows:
+        text.append(",".join([f"/srv/TCGA_BRCA/{row[1]}-uuid/{row[0]}.svs", row[1], f"/rna/{row[1]}.tsv", *row[3:]]))
+    (tmp_path / "reference.csv").write_text("\n".join(text) + "\n")
+    dm = SlideExpressionDataModule(source="files", data_dir=str(tmp_path), val_fraction=0.2, test_fraction=0.2)
+    assert dm.data.gene_names == ["A", "B", "C", "D"] and dm.slide_ids[0] == rows[0][0]
+    assert np.allclose(dm.data.expression[0], np.log2(np.asarray([float(v) for v in rows[0][3:]]) + 1))
+
+
 def test_a_model_trains_on_files_end_to_end(tmp_path):
     from lightning.pytorch import Trainer
 
@@ -457,6 +472,32 @@ def test_regressors_predict_deterministically_and_sample_with_residual_std():
         assert samples.shape == (len(batch["index"]), 200, data.num_genes)
         assert (samples - point.unsqueeze(1)).std().item() == pytest.approx(0.5, rel=0.05)
         assert torch.equal(model.predict_step(batch, 0), model.predict_step(batch, 0))
+
+
+def test_regressors_build_from_the_data_sizes_given_as_arguments(tmp_path):
+    """data_sizes builds the network at construction (the paper configs state the published
+    sizes, so it can be counted without data): the same parameters as built from the data; fit still takes the
+    gene statistics from the data and rejects data of other sizes."""
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.loggers import CSVLogger
+
+    _write_files(tmp_path, n_patients=8)
+    dm = SlideExpressionDataModule(source="files", data_dir=str(tmp_path), pathway_json=None, batch_size=4)
+    for cls, kwargs in ((HE2RNARegressor, dict(hidden_dim=8, ks=[2])), (TRNAsformerRegressor, dict(dim=8))):
+        eager = cls(**kwargs, data_sizes=dict(num_genes=4, feature_dim=3, num_clusters=4))
+        lazy, _ = _built_model(cls, data=dm, **kwargs)
+        assert [p.shape for p in eager.parameters()] == [p.shape for p in lazy.parameters()] != []
+        # with a logger, so the module's and the datamodule's hyper-parameters are merged (no clashing names)
+        trainer = Trainer(max_steps=1, logger=CSVLogger(tmp_path), enable_checkpointing=False,
+                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                          limit_val_batches=0)
+        trainer.fit(eager, datamodule=dm)
+        assert np.allclose(eager.gene_mean.numpy(), dm.gene_mean) and np.allclose(eager.gene_std.numpy(), dm.gene_std)
+        wrong = cls(**kwargs, data_sizes=dict(num_genes=5, feature_dim=3, num_clusters=4))
+        with pytest.raises(UserInputError, match="built for 5 genes .* set model.init_args.data_sizes"):
+            Trainer(max_steps=1, logger=False, enable_checkpointing=False).fit(wrong, datamodule=dm)
+        with pytest.raises(UserInputError, match="must give exactly num_genes, feature_dim and num_clusters"):
+            cls(**kwargs, data_sizes=dict(num_genes=4))
 
 
 def test_checkpoint_carries_structure_and_validation_gene_ranking():

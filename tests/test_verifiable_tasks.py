@@ -159,8 +159,8 @@ def test_jsonl_loader_errors_name_file_line_and_field(tmp_path):
                                                 {"question": "2", "answer": "2", "id": 4}])
     with pytest.raises(UserInputError, match="prompt id 4 appears more than once"):
         load_jsonl(path)
-    path = write_jsonl(tmp_path / "badid.jsonl", [{"question": "1", "answer": "1", "id": "x"}])
-    with pytest.raises(UserInputError, match="must be an integer"):
+    path = write_jsonl(tmp_path / "badid.jsonl", [{"question": "1", "answer": "1", "id": [3]}])  # strings: DAPO test
+    with pytest.raises(UserInputError, match="must be an integer or a non-empty string"):
         load_jsonl(path)
     with pytest.raises(UserInputError, match="test.jsonl"):
         write_jsonl(tmp_path / "train.jsonl", [{"question": "1", "answer": "1"}])
@@ -246,6 +246,46 @@ def test_verl_train_and_test_prompt_ids_are_distinct(tmp_path):
     with pytest.raises(UserInputError, match=r"negative.parquet: row 0: field 'id' / 'extra_info.index' is -1"):
         load_parquet(str(tmp_path / "negative.parquet"))
 
+
+def test_dapo_math_release_uuid_ids_and_answer_lines(tmp_path):
+    """DAPO-Math-17k (BytedTsinghua-SIA) ships extra_info.index as a UUID string and asks for the answer on a final
+    "Answer: ..." line: string ids number the prompts by row (unique strings required) and the verifier reads the
+    last "Answer:" line, as verl's math_dapo reward does."""
+    pa = pytest.importorskip("pyarrow", exc_type=ImportError)
+    pq = pytest.importorskip("pyarrow.parquet", exc_type=ImportError)
+
+    def rows(keys):
+        return [{"data_source": "math_dapo", "prompt": [{"content": f"Problem {i}? End with Answer:", "role": "user"}],
+                 "ability": "MATH", "reward_model": {"ground_truth": str(10 + i), "style": "rule-lighteval/MATH_v2"},
+                 "extra_info": {"index": key}} for i, key in enumerate(keys)]
+
+    uuids = ["9a9b6eb4-a1cb-49d1-8c1e-62eaf2f74079", "b426d104-244d-4831-a2c4-cd756b61700a", "1b0b4e26-8b23-4e9f"]
+    pq.write_table(pa.Table.from_pylist(rows(uuids)), tmp_path / "dapo-math-17k.parquet")
+    pq.write_table(pa.Table.from_pylist(rows(uuids[:2])), tmp_path / "aime-2024.parquet")
+    examples = load_parquet(str(tmp_path / "dapo-math-17k.parquet"))
+    assert [ex["prompt_id"] for ex in examples] == [0, 1, 2]
+    assert [ex["source_id"] for ex in examples] == uuids and examples[1]["answers"] == ["11"]
+    dm = VerifiableTaskDataModule(task="parquet", data_dir=str(tmp_path), train_file="dapo-math-17k.parquet",
+                                  val_file="aime-2024.parquet", batch_size=3)
+    assert [ex["prompt_id"] for ex in dm.val_examples] == [TEST_ID_OFFSET, TEST_ID_OFFSET + 1]
+    pq.write_table(pa.Table.from_pylist(rows([uuids[0], uuids[0]])), tmp_path / "dup.parquet")
+    with pytest.raises(UserInputError, match="dup.parquet: prompt id '9a9b6eb4-a1cb-49d1-8c1e-62eaf2f74079' appears"):
+        load_parquet(str(tmp_path / "dup.parquet"))
+    pq.write_table(pa.Table.from_pylist(rows([uuids[0], ""])), tmp_path / "empty.parquet")
+    with pytest.raises(UserInputError, match="row 1: field 'id' / 'extra_info.index' must be an integer or a"):
+        load_parquet(str(tmp_path / "empty.parquet"))
+    (tmp_path / "mixed.jsonl").write_text(json.dumps({"question": "a", "answer": "1", "id": 3}) + "\n"
+                                          + json.dumps({"question": "b", "answer": "2", "id": "x-1"}) + "\n")
+    with pytest.raises(UserInputError, match="mixes integers and strings"):
+        load_jsonl(str(tmp_path / "mixed.jsonl"))
+    # the verifier: the last "Answer:" line (DAPO's requested format), after \\boxed{} and ####
+    assert extract_answer("Work...\nAnswer: 34") == "34"
+    assert extract_answer("Answer: 3\nrechecking\nanswer:  $-12$\n") == "$-12$"
+    assert answers_match("so the total is 84.\nAnswer: 84", ["84"])
+    assert not answers_match("Answer: 85", ["84"])
+    assert extract_answer("Answer: 1, so \\boxed{2}") == "2"
+    rewards, _ = ExactMatchReward(wrong_reward=-1.0)(["...\nAnswer: 370", "...\nAnswer: 37"], [["370"], ["370"]])
+    assert rewards.tolist() == [1.0, -1.0]
 
 def test_embedded_task_ids_are_unchanged():
     dm = VerifiableTaskDataModule(train_pool_size=8, test_pool_size=4, sft_num_examples=10)

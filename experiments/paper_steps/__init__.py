@@ -23,6 +23,7 @@ The result per config (``results/paper_scale.json``'s ``cpu_steps``, ``step_s`` 
 """
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import pkgutil
@@ -39,7 +40,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # W&B runs offline, into the working folder)
 COMMON = ("--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto", "--trainer.num_nodes=1",
           "--trainer.enable_progress_bar=false")
-LIMITS = {"fit": ("--trainer.limit_val_batches=1", "--trainer.num_sanity_val_steps=0"),
+# fit: max_steps bounds the run (a checkpoint written when max_steps stops an epoch early resumes at the next
+# epoch, so a one-epoch config could not take the resumed step)
+LIMITS = {"fit": ("--trainer.limit_val_batches=1", "--trainer.num_sanity_val_steps=0", "--trainer.max_epochs=-1"),
           "test": ("--trainer.limit_test_batches=1",), "predict": ("--trainer.limit_predict_batches=1",)}
 
 
@@ -60,7 +63,8 @@ class Case:
     test_args: tuple[str, ...] = ()
     after: tuple[str, ...] = ()
     inference_only: bool = False
-    release_format: str = ""  # the files written, as the release names them ("CIFAR-10 python batches ...")
+    release_format: str = ""
+    optimizer_steps_per_batch: int = 1  # a module that steps two optimizers per batch (critic and actor) says 2  # the files written, as the release names them ("CIFAR-10 python batches ...")
 
 
 class StepTimer(Callback):
@@ -83,6 +87,8 @@ class StepTimer(Callback):
         self._seen = {}
 
         def pack(tensor):
+            if tensor.layout != torch.strided:  # sparse tensors have no single storage
+                return tensor
             storage = tensor.untyped_storage()
             if storage._cdata not in parameters and tensor.device.type != "meta":
                 self._seen[storage._cdata] = max(self._seen.get(storage._cdata, 0), storage.nbytes())
@@ -163,21 +169,28 @@ def run_case(config: str, case: Case, folder: Path, steps: int = 2, for_test: bo
                           test_metrics=sorted(cli.trainer.callback_metrics))
             ckpt = []
         else:
-            cli, timer = _fit(base + [f"--trainer.max_steps={steps}", *LIMITS["fit"]])
+            per_batch = case.optimizer_steps_per_batch
+            cli, timer = _fit(base + [f"--trainer.max_steps={steps * per_batch}", *LIMITS["fit"]])
             reached = cli.trainer.global_step
-            if reached != steps:
-                raise RuntimeError(f"{config}: fit ended at step {reached}, not {steps}")
+            if reached != steps * per_batch:
+                raise RuntimeError(f"{config}: fit ended at step {reached // per_batch}, not {steps}")
             last = _checkpoint(cli.trainer)
-            resumed, _ = _fit(base + [f"--trainer.max_steps={steps + 1}", *LIMITS["fit"], "--ckpt_path", last])
-            if resumed.trainer.global_step != steps + 1:
+            activation_bytes = max(timer.saved_bytes) if cli.model.automatic_optimization else None
+            batch_size = _batch_size(cli.datamodule)
+            del cli
+            gc.collect()  # the next stage builds the model again: do not hold two copies
+            resumed, _ = _fit(base + [f"--trainer.max_steps={(steps + 1) * per_batch}", *LIMITS["fit"],
+                                      "--ckpt_path", last])
+            if resumed.trainer.global_step != (steps + 1) * per_batch:
                 raise RuntimeError(f"{config}: the resume from step {steps} ended at step "
-                                   f"{resumed.trainer.global_step}, not {steps + 1}")
+                                   f"{resumed.trainer.global_step // per_batch}, not {steps + 1}")
             timed = timer.seconds[1:] or timer.seconds
             result.update(cpu_steps=steps + 1, step_s=round(sum(timed) / len(timed), 4),
                           first_step_s=round(timer.seconds[0], 4), resumed_from=steps,
-                          activation_bytes=(max(timer.saved_bytes) if cli.model.automatic_optimization else None),
-                          batch_size=_batch_size(cli.datamodule))
+                          activation_bytes=activation_bytes, batch_size=batch_size)
             ckpt = ["--ckpt_path", _checkpoint(resumed.trainer)]
+            del resumed
+            gc.collect()
         start = time.perf_counter()
         predicted = _cli(["predict", *base, *LIMITS["predict"], *ckpt])
         predictions = predicted.trainer.predict_loop.predictions

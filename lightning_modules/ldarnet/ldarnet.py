@@ -40,13 +40,19 @@ attention block without/with MLP, each letter followed by a count):
 
 Pretraining (`LDARNetPretraining`): MLM on 15 % of the A/C/G/T positions (80 % [MASK], 10 % a random base, 10 %
 unchanged; N and PAD are never selected), reverse-complement augmentation with probability 0.5 on training
-batches, untied LM head Linear(d_outer, 7). Validation masks with a generator seeded by the batch index (the
-same positions every epoch). Fine-tuning (`LDARNetClassifier`): the same network loaded with ``init_from`` (weights
-matched by name and shape), mean pooling over non-pad positions of the final full-resolution hidden states, a
-linear head; metrics MCC (the paper's metric) and accuracy (torchmetrics). Optimiser groups (both modules): no
-weight decay for biases, norms, ``A_log``, ``D``, ``dt_bias`` (and the embedding / pad vector); the outer stage
-(embedding, encoder, router, residual, decoder, LM head) gets ``outer_lr_multiplier`` x the LR (paper:
-``sqrt(N) * d_back/d_outer = 3``), the classifier head ``head_lr_multiplier``.
+batches, untied LM head Linear(d_outer, 7). Validation and test mask each sequence from a generator of its own,
+seeded by (``val_mask_seed``, the sequence's index in its split) (`lightning_modules.shared.example_rng`): the
+same positions every epoch, whatever batch or rank the sequence lands in. Their logged values are epoch totals
+over every sequence once (all ranks' per-sequence sums gathered, the sampler's padding copies dropped):
+``mlm_loss`` / ``mlm_accuracy`` per masked token, ``compression`` (F) / ``mean_prob`` (G) per valid token,
+``ratio_loss`` of the epoch's F and G, ``loss = mlm_loss + ratio_loss_weight * ratio_loss``; so 1 and 2
+processes report the same numbers.
+Fine-tuning (`LDARNetClassifier`): the same network loaded with ``init_from`` (weights matched by name and shape),
+mean pooling over non-pad positions of the final full-resolution hidden states, a linear head; metrics MCC (the
+paper's metric) and accuracy (torchmetrics). Optimiser groups (both modules): no weight decay for biases, norms,
+``A_log``, ``D``, ``dt_bias`` (and the embedding / pad vector); the outer stage (embedding, encoder, router,
+residual, decoder, LM head) gets ``outer_lr_multiplier`` x the LR (paper: ``sqrt(N) * d_back/d_outer = 3``), the
+classifier head ``head_lr_multiplier``.
 
 **Fixed-boundary control** (``boundaries: fixed``): boundaries every N bases (``t mod N == 0``; the same
 compressed length as the target of the learned router), hard ``p = b`` (the EMA then copies each chunk vector,
@@ -85,11 +91,13 @@ from lightning_modules.shared.base import PaperModule
 from lightning_modules.ldarnet.bimamba2 import SSDImpl
 from lightning_modules.shared.data_contract import LabelledSequenceData
 from lightning_modules.shared.errors import UserInputError, check_range
+from lightning_modules.shared.example_rng import ExampleGenerators, gather_examples
 from lightning_modules.ldarnet.ldarnet_network import (MASK_TOKEN, N_TOKEN, VOCAB_SIZE, Boundaries, LDARNetNetwork,
                                                        Layout, check_arch_layout)
 
 COMPLEMENT = torch.tensor([3, 2, 1, 0, 4, 5, 6])  # A<->T, C<->G; N, MASK, PAD unchanged
 IGNORE_INDEX = -100
+STREAM_EVAL_MASK = 0  # `ExampleGenerators` stream of the validation/test MLM masks
 
 
 # ============================================================================================ optimisation
@@ -155,18 +163,42 @@ def reverse_complement(tokens: Tensor, valid: Tensor) -> Tensor:
 
 
 def random_reverse_complement(tokens: Tensor, valid: Tensor, prob: float, generator=None) -> Tensor:
-    flip = torch.rand(tokens.shape[0], generator=generator).to(tokens.device) < prob
+    """Reverse-complement each sequence with probability ``prob`` (one draw per sequence; per-sequence generators
+    with `ExampleGenerators`)."""
+    if isinstance(generator, ExampleGenerators):
+        flip = generator.rand((tokens.shape[0],)).to(tokens.device) < prob
+    else:
+        flip = torch.rand(tokens.shape[0], generator=generator).to(tokens.device) < prob
     return torch.where(flip.unsqueeze(1), reverse_complement(tokens, valid), tokens)
+
+
+def _per_sequence_draws(valid: Tensor, generators: ExampleGenerators) -> tuple[Tensor, Tensor]:
+    """`mlm_mask`'s (3, B, L) uniforms and (B, L) random bases, row b drawn from generator b over the sequence's
+    own length only (padding gets 1.0 / 0), so a sequence's mask does not depend on how far its batch is padded."""
+    if len(generators) != valid.shape[0]:
+        raise ValueError(f"{len(generators)} generators for a batch of {valid.shape[0]} sequences.")
+    draws = torch.ones((3, *valid.shape))
+    random_base = torch.zeros(valid.shape, dtype=torch.long)
+    for row, (n, g) in enumerate(zip(valid.sum(1).tolist(), generators.generators)):
+        draws[:, row, :n] = torch.rand((3, n), generator=g)
+        random_base[row, :n] = torch.randint(0, 4, (n,), generator=g)
+    return draws, random_base
 
 
 def mlm_mask(tokens: Tensor, valid: Tensor, mask_prob: float = 0.15, generator=None) -> tuple[Tensor, Tensor]:
     """BERT masking of A/C/G/T only: select ``mask_prob``; of those 80 % -> [MASK], 10 % random base, 10 % kept.
 
-    Returns (inputs, targets) with targets = IGNORE_INDEX at unselected positions.
+    ``generator``: None (the global RNG: training), a ``torch.Generator``, or `ExampleGenerators` (one per sequence,
+    evaluation: each sequence's mask depends only on its generator and its tokens). Returns (inputs, targets) with
+    targets = IGNORE_INDEX at unselected positions.
     """
     shape = tokens.shape
-    draws = torch.rand((3, *shape), generator=generator).to(tokens.device)
-    random_base = torch.randint(0, 4, shape, generator=generator).to(tokens.device)
+    if isinstance(generator, ExampleGenerators):
+        draws, random_base = _per_sequence_draws(valid.cpu(), generator)
+        draws, random_base = draws.to(tokens.device), random_base.to(tokens.device)
+    else:
+        draws = torch.rand((3, *shape), generator=generator).to(tokens.device)
+        random_base = torch.randint(0, 4, shape, generator=generator).to(tokens.device)
     selected = (draws[0] < mask_prob) & (tokens < N_TOKEN) & valid
     inputs = torch.where(selected & (draws[1] < 0.8), torch.full_like(tokens, MASK_TOKEN), tokens)
     inputs = torch.where(selected & (draws[1] >= 0.8) & (draws[1] < 0.9), random_base, inputs)
@@ -254,7 +286,7 @@ class LDARNetPretraining(_LDARNetBase):
     Args:
         {NETWORK_DOC}
         mask_prob: fraction of A/C/G/T positions selected (0.15). rc_prob: reverse-complement probability (0.5).
-        val_mask_seed: seed of the fixed validation/predict masking.
+        val_mask_seed: seed of the fixed validation/test masking (with each sequence's index in its split).
     """
 
     def __init__(self, arch_layout: Layout = ("m3t1", ["M10"], "m4"), d_model: list[int] = (512, 768),
@@ -270,12 +302,13 @@ class LDARNetPretraining(_LDARNetBase):
         check_range("rc_prob", rc_prob, 0, 1)
         self._build_network()
         self.lm_head = nn.Linear(d_model[0], VOCAB_SIZE)
+        self._eval_rows: dict[str, list[tuple[Tensor, Tensor]]] = {"val": [], "test": []}
 
     def forward(self, tokens: Tensor, valid: Tensor) -> tuple[Tensor, dict]:
         hidden, aux = self.net(tokens, valid)
         return self.lm_head(hidden), aux
 
-    def _step(self, batch: dict, stage: str, generator=None) -> Tensor:
+    def _step(self, batch: dict, stage: str, generator=None, index: Tensor | None = None) -> Tensor:
         tokens, valid = self._check_batch(batch)
         if stage == "train" and self.hparams.rc_prob > 0:
             tokens = random_reverse_complement(tokens, valid, self.hparams.rc_prob, generator)
@@ -288,21 +321,74 @@ class LDARNetPretraining(_LDARNetBase):
         else:  # no base drawn (tiny batch): a zero loss that still touches every parameter
             mlm, accuracy = logits.sum() * 0.0, logits.new_zeros(())
         loss = mlm + self.hparams.ratio_loss_weight * aux["ratio_loss"]
-        size = tokens.shape[0]
-        self.log_dict({f"{stage}/loss": loss, f"{stage}/mlm_loss": mlm, f"{stage}/mlm_accuracy": accuracy,
-                       f"{stage}/ratio_loss": aux["ratio_loss"], f"{stage}/compression": aux["compression"],
-                       f"{stage}/mean_prob": aux["mean_prob"]}, prog_bar=stage != "train", batch_size=size,
-                      sync_dist=stage != "train")
+        if stage == "train":
+            self.log_dict({"train/loss": loss, "train/mlm_loss": mlm, "train/mlm_accuracy": accuracy,
+                           "train/ratio_loss": aux["ratio_loss"], "train/compression": aux["compression"],
+                           "train/mean_prob": aux["mean_prob"]}, prog_bar=False, batch_size=tokens.shape[0])
+        else:
+            self._eval_rows[stage].append((index, self._sequence_sums(logits, targets, valid, aux)))
         return loss
+
+    @staticmethod
+    def _sequence_sums(logits: Tensor, targets: Tensor, valid: Tensor, aux: dict) -> Tensor:
+        """Per sequence (B, 6) float64: MLM cross-entropy sum, masked tokens, correct predictions, valid tokens,
+        boundaries, boundary-probability sum (the epoch's metrics are ratios of their totals)."""
+        selected = targets != IGNORE_INDEX
+        ce = F.cross_entropy(logits.float().transpose(1, 2), targets, ignore_index=IGNORE_INDEX, reduction="none")
+        correct = (logits.argmax(-1) == targets) & selected
+        return torch.stack([ce.double().sum(1), selected.sum(1).double(), correct.sum(1).double(),
+                            valid.sum(1).double(), (aux["boundaries"] & valid).sum(1).double(),
+                            (aux["p"].double() * valid).sum(1)], 1)
+
+    def _evaluate(self, batch: dict, batch_idx: int, stage: str) -> None:
+        """Mask each sequence from its own generator (``batch["index"]``). A hand-made batch without an index
+        is masked from one generator seeded by ``val_mask_seed + batch_idx`` and counted as it comes."""
+        if "index" in batch:
+            index = batch["index"].reshape(-1)
+            generator = ExampleGenerators(self.hparams.val_mask_seed, index, STREAM_EVAL_MASK)
+        else:
+            world, rank = (self.trainer.world_size, self.trainer.global_rank) if self._trainer is not None else (1, 0)
+            seen = sum(len(i) for i, _ in self._eval_rows[stage])
+            index = -1 - (seen + torch.arange(len(batch["tokens"]), device=self.device)) * world - rank  # unique, < 0
+            generator = torch.Generator().manual_seed(self.hparams.val_mask_seed + batch_idx)
+        self._step(batch, stage, generator, index)
 
     def training_step(self, batch, batch_idx):
         return self._step(batch, "train")
 
     def validation_step(self, batch, batch_idx):
-        self._step(batch, "val", torch.Generator().manual_seed(self.hparams.val_mask_seed + batch_idx))
+        self._evaluate(batch, batch_idx, "val")
 
     def test_step(self, batch, batch_idx):
-        self._step(batch, "test", torch.Generator().manual_seed(self.hparams.val_mask_seed + batch_idx))
+        self._evaluate(batch, batch_idx, "test")
+
+    def on_validation_epoch_start(self) -> None:
+        self._eval_rows["val"] = []
+
+    def on_test_epoch_start(self) -> None:
+        self._eval_rows["test"] = []
+
+    def epoch_metrics(self, stage: str) -> dict[str, float]:
+        """The epoch's metrics from every rank's per-sequence sums, each sequence once (`gather_examples`)."""
+        rows, self._eval_rows[stage] = self._eval_rows[stage], []
+        index = torch.cat([i for i, _ in rows]) if rows else torch.zeros(0, dtype=torch.long, device=self.device)
+        sums = torch.cat([r for _, r in rows]) if rows else torch.zeros(0, 6, dtype=torch.float64, device=self.device)
+        _, sums = gather_examples(index, sums)
+        ce, masked, correct, tokens, boundaries, prob = sums.sum(0).tolist()
+        mlm, accuracy = (ce / masked, correct / masked) if masked > 0 else (0.0, 0.0)
+        frac, mean_prob = (boundaries / tokens, prob / tokens) if tokens > 0 else (0.0, 0.0)
+        n = float(self.hparams.target_compression)
+        ratio = n / (n - 1) * ((n - 1) * frac * mean_prob + (1 - frac) * (1 - mean_prob)) \
+            if self.hparams.boundaries == "learned" else 0.0  # the fixed control has no ratio loss
+        return {f"{stage}/loss": mlm + self.hparams.ratio_loss_weight * ratio, f"{stage}/mlm_loss": mlm,
+                f"{stage}/mlm_accuracy": accuracy, f"{stage}/ratio_loss": ratio, f"{stage}/compression": frac,
+                f"{stage}/mean_prob": mean_prob}
+
+    def on_validation_epoch_end(self) -> None:
+        self.log_dict(self.epoch_metrics("val"), prog_bar=True, sync_dist=True)
+
+    def on_test_epoch_end(self) -> None:
+        self.log_dict(self.epoch_metrics("test"), prog_bar=True, sync_dist=True)
 
     def predict_step(self, batch, batch_idx, dataloader_idx: int = 0) -> Tensor:
         """LM logits (B, L, 7) of the unmasked input (deterministic)."""

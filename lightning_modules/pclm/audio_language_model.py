@@ -198,6 +198,11 @@ class HFWhisperEncoder(nn.Module):
         config: instead of ``path``, a WhisperConfig mapping (a randomly initialised encoder; tests, CPU work).
         n_mels / hop_length: the log-mel front end (Whisper-large-v3 and Qwen2-Audio: 128 / 160). Features are
             zero-padded to the encoder's fixed 3,000 frames (30 s), and the padding positions are masked.
+
+    Every hidden state has the encoder's 1,500 positions (the model's ``pool_stride`` pools them): Qwen2-Audio's
+    encoder average-pools its final output by 2 before its final norm, so its final state here is the final norm
+    of the last layer's 1,500 positions (otherwise the final and intermediate layers would not align for PCLM and
+    the final layer would be pooled twice).
     """
 
     def __init__(self, path: str | None = None, config: dict | None = None, n_mels: int = 128,
@@ -228,8 +233,22 @@ class HFWhisperEncoder(nn.Module):
             raise UserInputError(f"HFWhisperEncoder: a clip has {features.shape[1]} frames; the encoder takes at "
                                  f"most {self.frames} frames (30 s for Whisper). Cut the audio.")
         features = F.pad(features, (0, 0, 0, self.frames - features.shape[1])).transpose(1, 2)
-        out = self.model(features, output_hidden_states=True)
+        last = {}
+        pools_itself = hasattr(self.model, "avg_pooler")   # Qwen2-Audio's encoder: pool by 2, then ln_post
+        if pools_itself:
+            hook = self.model.layers[-1].register_forward_hook(
+                lambda module, args, output: last.update(state=output[0] if isinstance(output, tuple) else output))
+        try:
+            out = self.model(features, output_hidden_states=True)
+        finally:
+            if pools_itself:
+                hook.remove()
         states = list(out.hidden_states)
+        if pools_itself:
+            # its final hidden state is pooled (750 positions) while the other layers have 1,500: take the final
+            # layer normalised at 1,500 positions, so every layer has the same positions and `pool_stride` (2 for
+            # Qwen2-Audio) pools all layers alike (Qwen2-Audio: avg-pool then norm; here norm then the pool)
+            states[-1] = self.model.layer_norm(last["state"])
         length = states[-1].shape[1]
         mask = torch.arange(length, device=features.device)[None] < ((frames + 1) // 2).to(features.device)[:, None]
         return states, mask

@@ -23,6 +23,9 @@ from fractions import Fraction
 
 
 # --------------------------------------------------------------------------------------------- math-style answers
+_DAPO_ANSWER = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
+
+
 def _last_boxed(text: str) -> str | None:
     """Content of the last ``\\boxed{...}`` (braces matched), or None."""
     start = text.rfind("\\boxed{")
@@ -37,13 +40,18 @@ def _last_boxed(text: str) -> str | None:
 
 
 def extract_answer(completion: str) -> str:
-    """The final answer inside a completion: last ``\\boxed{}``, else after the last ``####`` (GSM8K), else after
-    the last "answer is", else the whole text."""
+    """The final answer inside a completion: last ``\\boxed{}``, else after the last ``####`` (GSM8K), else the
+    rest of the line after the last ``Answer:`` (the format DAPO-Math-17k's prompts ask for; verl
+    ``reward_score/math_dapo.py`` extracts ``(?i)Answer\\s*:\\s*([^\\n]+)``), else after the last "answer is", else
+    the whole text."""
     boxed = _last_boxed(completion)
     if boxed is not None:
         return boxed
     if "####" in completion:
         return completion.rsplit("####", 1)[1]
+    dapo = _DAPO_ANSWER.findall(completion)
+    if dapo:
+        return dapo[-1]
     match = list(re.finditer(r"answer is[:\s]*", completion, flags=re.IGNORECASE))
     return completion[match[-1].end():] if match else completion
 

@@ -152,9 +152,11 @@ def group_statistics(rewards: torch.Tensor, group_index: torch.Tensor, num_group
     flags = rewards > threshold if correct is None else correct.to(rewards.device).bool()
     correct = torch.zeros_like(count).index_add_(0, group_index, flags.long())
     rewards = rewards.float()
-    total = torch.zeros(num_groups, device=rewards.device).index_add_(0, group_index, rewards)
-    high = torch.full((num_groups,), -math.inf, device=rewards.device).scatter_reduce_(0, group_index, rewards, "amax")
-    low = torch.full((num_groups,), math.inf, device=rewards.device).scatter_reduce_(0, group_index, rewards, "amin")
+    # explicit float32: under bf16-true Lightning makes bfloat16 the default dtype inside the step
+    floats = {"dtype": torch.float32, "device": rewards.device}
+    total = torch.zeros(num_groups, **floats).index_add_(0, group_index, rewards)
+    high = torch.full((num_groups,), -math.inf, **floats).scatter_reduce_(0, group_index, rewards, "amax")
+    low = torch.full((num_groups,), math.inf, **floats).scatter_reduce_(0, group_index, rewards, "amin")
     return {"count": count, "correct": correct, "mixed": (count > 0) & (high > low),
             "mean": total / count.clamp(min=1)}
 
@@ -164,11 +166,12 @@ def group_advantages(rewards: torch.Tensor, group_index: torch.Tensor, scale_by_
     """GRPO advantages with any group size: (r − group mean) [/ (Bessel std + eps)]; singleton groups get 0."""
     rewards = rewards.float()
     num_groups = int(group_index.max()) + 1 if group_index.numel() else 0
-    count = torch.zeros(num_groups, device=rewards.device).index_add_(0, group_index, torch.ones_like(rewards))
-    mean = torch.zeros(num_groups, device=rewards.device).index_add_(0, group_index, rewards) / count.clamp(min=1)
+    floats = {"dtype": torch.float32, "device": rewards.device}  # not the default dtype (bfloat16 under bf16-true)
+    count = torch.zeros(num_groups, **floats).index_add_(0, group_index, torch.ones_like(rewards))
+    mean = torch.zeros(num_groups, **floats).index_add_(0, group_index, rewards) / count.clamp(min=1)
     centred = rewards - mean[group_index]
     if scale_by_std:
-        squares = torch.zeros(num_groups, device=rewards.device).index_add_(0, group_index, centred ** 2)
+        squares = torch.zeros(num_groups, **floats).index_add_(0, group_index, centred ** 2)
         std = (squares / (count - 1).clamp(min=1)).sqrt()
         centred = centred / (std[group_index] + eps)
     return torch.where(count[group_index] > 1, centred, torch.zeros_like(centred))
@@ -617,13 +620,15 @@ class GRPO(PaperModule):
                 if h.max_grad_norm is not None:
                     self.clip_gradients(optimizer, gradient_clip_val=h.max_grad_norm, gradient_clip_algorithm="norm")
                 optimizer.step()
+                optimizer.zero_grad(set_to_none=True)  # no gradient memory held through the next generation
                 if scheduler is not None:
                     scheduler.step()
                 steps += 1
                 local_taken += bool(rows.numel())
-        out = {k: torch.tensor(v / local_taken) for k, v in sums.items()}
+        out = {k: torch.tensor(v / local_taken, dtype=torch.float32) for k, v in sums.items()}
         if world > 1:
-            out["optimizer_steps"] = torch.tensor(float(steps))  # non-empty: this rank took part in an update
+            # non-empty: this rank took part in an update
+            out["optimizer_steps"] = torch.tensor(float(steps), dtype=torch.float32)
         return out
 
     def _log_step(self, stats, rewards, mask, reward_metrics, update, first_stage, num_prompts) -> None:

@@ -440,7 +440,8 @@ class DARSAllocator(RolloutAllocator):
             return
         success = self.successes(rewards_per_rollout.detach().float().cpu(),
                                  None if correct is None else correct.cpu()).float()
-        total_correct = torch.zeros(len(prompt_ids)).index_add_(0, group_index.detach().cpu().long(), success)
+        total_correct = torch.zeros(len(prompt_ids), dtype=torch.float32).index_add_(
+            0, group_index.detach().cpu().long(), success)
         resampled = self._extra > 0
         unsolved = (self._stage1_correct == 0) & resampled
         self._metrics = {

@@ -180,6 +180,7 @@ class SlideExpressionModule(PaperModule):
         for k in top_ks:
             check_range("top_ks entry", k, 1)
         self.structure: dict | None = None
+        self._built_from_args = False  # built in __init__ from the data sizes given as arguments (`build_from_sizes`)
         self._outputs: dict[str, list] = {}
         self.val_gene_r: Tensor | None = None
         self.test_metrics: dict[str, float] = {}
@@ -198,6 +199,23 @@ class SlideExpressionModule(PaperModule):
     def build(self, structure: dict) -> None:
         raise NotImplementedError
 
+    def build_from_sizes(self, data_sizes: dict[str, int] | None) -> None:
+        """Build the network now when ``data_sizes`` = ``{num_genes, feature_dim, num_clusters}`` is given (a paper
+        config states the published 20,820 genes and UNI's [100, 1024] cluster features), so that it exists before
+        any data is attached; fit then checks the data against them and takes the gene statistics from it. None:
+        built in setup from the data. (One dict argument: the datamodule's hparams already use these names.)"""
+        if data_sizes is None:
+            return
+        keys = ("num_genes", "feature_dim", "num_clusters")
+        if not isinstance(data_sizes, dict) or sorted(data_sizes) != sorted(keys):
+            raise UserInputError(f"{type(self).__name__}: data_sizes={data_sizes!r} must give exactly num_genes, "
+                                 "feature_dim and num_clusters (or be null: sizes then come from the data).")
+        for name in keys:
+            check_range(f"data_sizes.{name}", data_sizes[name], 1)
+        given = {name: int(data_sizes[name]) for name in keys}
+        self._build({**given, "groups": None})
+        self._built_from_args = True
+
     def structure_from(self, datamodule) -> dict:
         pathways, background = datamodule.pathways, datamodule.background
         groups = None
@@ -210,17 +228,20 @@ class SlideExpressionModule(PaperModule):
         datamodule = self.attached_data(SlideExpressionData)
         if datamodule is not None:
             structure = self.structure_from(datamodule)
-            if self.structure is None:
+            built_here = self.structure is None
+            if built_here:
                 self._build(structure)
-                if stage == "fit":
-                    self.gene_mean.copy_(torch.as_tensor(datamodule.gene_mean))
-                    self.gene_std.copy_(torch.as_tensor(datamodule.gene_std))
             elif any(self.structure[k] != structure[k] for k in ("num_genes", "feature_dim", "num_clusters")):
+                fix = ("set model.init_args.data_sizes to the data's sizes (or remove it)"
+                       if self._built_from_args else "use the data the checkpoint was trained on")
                 raise UserInputError(
                     f"the model was built for {self.structure['num_genes']} genes and cluster features "
                     f"[{self.structure['num_clusters']}, {self.structure['feature_dim']}] but the data has "
                     f"{structure['num_genes']} genes and [{structure['num_clusters']}, {structure['feature_dim']}]: "
-                    "use the data the checkpoint was trained on.")
+                    f"{fix}.")
+            if stage == "fit" and (built_here or self._built_from_args):  # a resumed fit restores them afterwards
+                self.gene_mean.copy_(torch.as_tensor(datamodule.gene_mean))
+                self.gene_std.copy_(torch.as_tensor(datamodule.gene_std))
         elif self.structure is None:
             raise UserInputError(f"{type(self).__name__} needs a SlideExpressionDataModule (genes, pathways and "
                                  "feature shape come from the data), or a checkpoint to load.")

@@ -77,13 +77,16 @@ class HE2RNANet(nn.Module):
 
 
 class HE2RNARegressor(ExpressionRegressor):
-    """HE2RNA-lite baseline. Args: hidden_dim, ks (top-k cluster pooling sizes), dropout; evaluation as RNA-FM."""
+    """HE2RNA-lite baseline. Args: hidden_dim, ks (top-k cluster pooling sizes), dropout; evaluation as RNA-FM;
+    data_sizes: optional ``{num_genes, feature_dim, num_clusters}`` to build the network at construction
+    (`SlideExpressionModule.build_from_sizes`)."""
 
     def __init__(self, hidden_dim: int = 256, ks: Sequence[int] = (10,), dropout: float = 0.25,
                  eval_samples: int = 1, test_samples: int = 19, coverage_level: float = 0.9,
                  top_ks: Sequence[int] = (20, 100), fdr_alpha: float = 0.05, sample_seed: int = 42,
                  optimizer: OptimizerCallable = torch.optim.Adam, lr_scheduler: LRSchedulerCallable | None = None,
-                 init_from: str | None = None, init_from_trusted: bool = False) -> None:
+                 init_from: str | None = None, init_from_trusted: bool = False,
+                 data_sizes: dict[str, int] | None = None) -> None:
         super().__init__(eval_samples=eval_samples, test_samples=test_samples, coverage_level=coverage_level,
                          top_ks=top_ks, fdr_alpha=fdr_alpha, sample_seed=sample_seed, optimizer=optimizer,
                          lr_scheduler=lr_scheduler, init_from=init_from, init_from_trusted=init_from_trusted)
@@ -94,6 +97,7 @@ class HE2RNARegressor(ExpressionRegressor):
         for k in ks:
             check_range("ks entry", k, 1)
         self.save_hyperparameters()
+        self.build_from_sizes(data_sizes)
 
     def build_net(self, structure: dict) -> nn.Module:
         if max(self.hparams.ks) > structure["num_clusters"]:
@@ -125,14 +129,16 @@ class TRNAsformerNet(nn.Module):
 
 
 class TRNAsformerRegressor(ExpressionRegressor):
-    """tRNAsformer-style baseline. Args: dim, depth, num_heads, mlp_dim, dropout, cluster_position."""
+    """tRNAsformer-style baseline. Args: dim, depth, num_heads, mlp_dim, dropout, cluster_position;
+    data_sizes: optional ``{num_genes, feature_dim, num_clusters}`` to build the network at construction
+    (`SlideExpressionModule.build_from_sizes`)."""
 
     def __init__(self, dim: int = 256, depth: int = 2, num_heads: int = 4, mlp_dim: int = 512, dropout: float = 0.1,
                  cluster_position: Literal["none", "learned"] = "none", eval_samples: int = 1,
                  test_samples: int = 19, coverage_level: float = 0.9, top_ks: Sequence[int] = (20, 100),
                  fdr_alpha: float = 0.05, sample_seed: int = 42, optimizer: OptimizerCallable = torch.optim.Adam,
                  lr_scheduler: LRSchedulerCallable | None = None, init_from: str | None = None,
-                 init_from_trusted: bool = False) -> None:
+                 init_from_trusted: bool = False, data_sizes: dict[str, int] | None = None) -> None:
         super().__init__(eval_samples=eval_samples, test_samples=test_samples, coverage_level=coverage_level,
                          top_ks=top_ks, fdr_alpha=fdr_alpha, sample_seed=sample_seed, optimizer=optimizer,
                          lr_scheduler=lr_scheduler, init_from=init_from, init_from_trusted=init_from_trusted)
@@ -145,6 +151,7 @@ class TRNAsformerRegressor(ExpressionRegressor):
         if cluster_position not in ("none", "learned"):
             raise UserInputError(f"cluster_position={cluster_position!r}: choose 'none' or 'learned'.")
         self.save_hyperparameters()
+        self.build_from_sizes(data_sizes)
 
     def build_net(self, structure: dict) -> nn.Module:
         hp = self.hparams

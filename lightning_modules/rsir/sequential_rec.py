@@ -21,9 +21,12 @@ user's history window and the pad column are set to -inf, and the 0-based rank o
 items scoring strictly higher (ties counted in the target's favour); Recall@K (= HR@K) and NDCG@K from
 `LeaveOneOutMetrics`, logged as ``val/ndcg@10``, ``test/recall@20`` etc. ``eval_protocol: sampled`` is the
 original SASRec protocol, logged under ``val_sampled100/...`` so it cannot be mistaken for full ranking: the
-target is ranked against ``num_eval_negatives`` items drawn without replacement from the items outside the
-history and target (seeded per batch, so it is reproducible). ``predict_step`` returns the top-``predict_top_k``
-item ids per user with the same masking.
+target is ranked against ``num_eval_negatives`` items drawn uniformly without replacement from the items outside
+the history and target (`sample_eval_negatives`). Each user's negatives come from a generator of its own, seeded by
+(``eval_seed``, the user's row index in its split) (`lightning_modules.shared.example_rng.ExampleGenerators`), and
+the metrics are computed once per epoch from every rank's per-user ranks with the sampler's padding copies dropped
+(`gather_examples`), so 1 and 2 processes report the same numbers. ``predict_step`` returns the
+top-``predict_top_k`` item ids per user with the same masking.
 
 Design note: the backbone is chosen by name plus sizes (not an injected ``nn.Module``), so that
 ``load_from_checkpoint`` rebuilds it from plain hyper-parameters and ``num_items`` is one checked value.
@@ -42,11 +45,13 @@ from torch import Tensor, nn
 from lightning_modules.shared.base import PaperModule
 from lightning_modules.shared.data_contract import SequenceData
 from lightning_modules.shared.errors import UserInputError, check_range
+from lightning_modules.shared.example_rng import ExampleGenerators, draw_uniform, gather_examples
 from lightning_modules.shared.ranking_metrics import (LeaveOneOutMetrics, leave_one_out_ranks, mask_known_items,
                                                       sampled_ranks)
 
 BACKBONES = ("sasrec", "gru4rec")
 LOSSES = ("full_softmax", "sampled_softmax")
+STREAM_EVAL_NEGATIVES = 0  # `ExampleGenerators` stream of the sampled-protocol negatives
 
 
 # ===================================================================================== backbones
@@ -158,6 +163,21 @@ def sampled_softmax_loss(hidden: Tensor, item_embedding: Tensor, inputs: Tensor,
     return (loss * valid).sum() / valid.sum().clamp_min(1)
 
 
+def sample_eval_negatives(allowed: Tensor, num: int, generator: torch.Generator | ExampleGenerators) -> Tensor:
+    """(B, num) item ids per row, uniform without replacement among the row's ``allowed`` (B, N+1) items.
+
+    The ``num`` allowed items with the largest i.i.d. U(0, 1) keys form a uniform subset without replacement
+    (vectorised; the same distribution as ``torch.multinomial(allowed, num)``). With `ExampleGenerators` row b's
+    keys come from example b's generator, so a user's negatives do not depend on the rest of its batch.
+    """
+    counts = allowed.sum(1)
+    if bool((counts < num).any()):
+        raise UserInputError(f"a user has only {int(counts.min())} items outside its history and target, fewer than "
+                             f"num_eval_negatives={num}: lower model.init_args.num_eval_negatives.")
+    keys = draw_uniform(allowed.shape, generator, device=allowed.device)
+    return keys.masked_fill(~allowed, -1.0).topk(num, dim=1).indices
+
+
 # ======================================================================================= module
 class SequentialRecommender(PaperModule):
     """Next-item recommender with a named backbone (see the module docstring).
@@ -169,7 +189,8 @@ class SequentialRecommender(PaperModule):
         loss: ``full_softmax`` or ``sampled_softmax`` (``num_negatives`` per position).
         eval_protocol: ``full`` (all items, history masked) or ``sampled`` (``num_eval_negatives``, labelled).
         ks: cutoffs of Recall@K / NDCG@K. predict_top_k: items returned per user by ``predict_step``.
-        eval_seed: seed of the sampled-protocol negatives.
+        eval_seed: seed of the sampled-protocol negatives (a user's negatives are seeded by it and the user's row
+            index, so they do not depend on the batch or the number of processes).
     """
 
     def __init__(self, num_items: int | None = 400, backbone: str = "sasrec", hidden_dim: int = 64, num_blocks: int = 2,
@@ -199,7 +220,8 @@ class SequentialRecommender(PaperModule):
         self.save_hyperparameters()
         ks = tuple(ks)
         self.backbone = None if num_items is None else self._build()
-        self.val_metrics, self.test_metrics = LeaveOneOutMetrics(ks), LeaveOneOutMetrics(ks)
+        self.ks = ks
+        self._eval_rows: dict[str, list[tuple[Tensor, Tensor]]] = {"val": [], "test": []}
         self.metric_prefix = "" if eval_protocol == "full" else f"_sampled{num_eval_negatives}"
 
     def _build(self) -> nn.Module:
@@ -253,32 +275,62 @@ class SequentialRecommender(PaperModule):
         scores[:, 0] = float("-inf")
         return mask_known_items(scores, history)
 
-    def _ranks(self, history: Tensor, target: Tensor, batch_idx: int) -> Tensor:
+    def _ranks(self, history: Tensor, target: Tensor, generator: torch.Generator | ExampleGenerators) -> Tensor:
+        """0-based rank of each target: among all unmasked items (``full``) or its sampled negatives."""
         scores = self.masked_scores(history)
         if self.hparams.eval_protocol == "full":
             return leave_one_out_ranks(scores, target)
-        allowed = torch.isfinite(scores).float()
-        allowed.scatter_(1, target.view(-1, 1), 0.0)
-        gen = torch.Generator().manual_seed(self.hparams.eval_seed * 1_000_003 + batch_idx)
-        negatives = torch.multinomial(allowed.cpu(), self.hparams.num_eval_negatives, generator=gen).to(scores.device)
+        allowed = torch.isfinite(scores)
+        allowed.scatter_(1, target.view(-1, 1), False)
+        negatives = sample_eval_negatives(allowed, self.hparams.num_eval_negatives, generator)
         return sampled_ranks(scores.gather(1, target.view(-1, 1)).squeeze(1), scores.gather(1, negatives))
 
+    def _evaluate(self, batch, batch_idx: int, split: str) -> None:
+        """Rank every user of the batch and keep (global index, rank) for the epoch's metrics.
+
+        A ``(history, target)`` batch without an index (a hand-made loader) draws its negatives from one generator
+        seeded by (``eval_seed``, batch index) and is counted as it comes (no padding copies can be dropped).
+        """
+        history, target = batch[0], batch[1]
+        if len(batch) > 2:
+            index = batch[2]
+            generator = ExampleGenerators(self.hparams.eval_seed, index, STREAM_EVAL_NEGATIVES)
+        else:
+            world, rank = (self.trainer.world_size, self.trainer.global_rank) if self._trainer is not None else (1, 0)
+            seen = sum(len(i) for i, _ in self._eval_rows[split])
+            index = -1 - (seen + torch.arange(len(target), device=target.device)) * world - rank  # unique, < 0
+            generator = torch.Generator().manual_seed(self.hparams.eval_seed * 1_000_003 + batch_idx)
+        self._eval_rows[split].append((index.reshape(-1), self._ranks(history, target, generator)))
+
     def validation_step(self, batch, batch_idx):
-        self.val_metrics.update(self._ranks(*batch, batch_idx))
+        self._evaluate(batch, batch_idx, "val")
 
     def test_step(self, batch, batch_idx):
-        self.test_metrics.update(self._ranks(*batch, batch_idx))
+        self._evaluate(batch, batch_idx, "test")
 
-    def _log_metrics(self, split: str, metrics: LeaveOneOutMetrics) -> None:
-        values = metrics.compute()
-        self.log_dict({f"{split}{self.metric_prefix}/{k}": v for k, v in values.items()}, prog_bar=False)
-        metrics.reset()
+    def on_validation_epoch_start(self) -> None:
+        self._eval_rows["val"] = []
+
+    def on_test_epoch_start(self) -> None:
+        self._eval_rows["test"] = []
+
+    def _log_metrics(self, split: str) -> None:
+        """Recall@K / NDCG@K over every user once: all ranks' rows gathered, padding copies dropped."""
+        rows, self._eval_rows[split] = self._eval_rows[split], []
+        index = torch.cat([i for i, _ in rows]) if rows else torch.zeros(0, dtype=torch.long, device=self.device)
+        ranks = torch.cat([r for _, r in rows]) if rows else torch.zeros(0, dtype=torch.long, device=self.device)
+        _, ranks = gather_examples(index, ranks)
+        metrics = LeaveOneOutMetrics(self.ks)
+        metrics.update(ranks.cpu())
+        values = LeaveOneOutMetrics.compute(metrics)  # the unwrapped compute: the rows are already every rank's
+        self.log_dict({f"{split}{self.metric_prefix}/{k}": v for k, v in values.items()}, prog_bar=False,
+                      sync_dist=True)
 
     def on_validation_epoch_end(self) -> None:
-        self._log_metrics("val", self.val_metrics)
+        self._log_metrics("val")
 
     def on_test_epoch_end(self) -> None:
-        self._log_metrics("test", self.test_metrics)
+        self._log_metrics("test")
 
     def predict_step(self, batch, batch_idx, dataloader_idx: int = 0):
         history = batch[0]
