@@ -63,8 +63,8 @@ class Case:
     test_args: tuple[str, ...] = ()
     after: tuple[str, ...] = ()
     inference_only: bool = False
-    release_format: str = ""
-    optimizer_steps_per_batch: int = 1  # a module that steps two optimizers per batch (critic and actor) says 2  # the files written, as the release names them ("CIFAR-10 python batches ...")
+    release_format: str = ""  # the files written, as the release names them
+    optimizer_steps_per_batch: int = 1  # a module that steps two optimizers per batch (critic and actor) says 2
 
 
 class StepTimer(Callback):

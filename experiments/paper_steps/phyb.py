@@ -95,7 +95,7 @@ NO_ENVIRONMENT = (
 ENSEMBLE = "configs/phyb/ensemble_paper.yaml"
 CASES = {
     ENSEMBLE: Case(hopper_medium, release_format=FORMAT, test_args=("--data.init_args.batch_size=64",)),
-    "configs/phyb/paper.yaml": Case(
+    "configs/phyb/paper.yaml": Case(optimizer_steps_per_batch=2, write=
         hopper_medium, args=NO_ENVIRONMENT, release_format=FORMAT, after=(ENSEMBLE,),
         test_args=("--data.init_args.batch_size=64", "--model.init_args.rollout_batch=64"),
         note="no evaluation environment (data.init_args.env_id unset: Hopper-v4 needs the optional gymnasium[mujoco]); "
