@@ -11,22 +11,20 @@ require every metric to agree.
 from __future__ import annotations
 
 import math
-import os
-from pathlib import Path
 
 import pytest
 import torch
 from lightning.pytorch import Trainer
 from torch import Tensor
-from torch.multiprocessing.spawn import ProcessExitedException
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
-from conftest import config_path, run_cli
+from conftest import config_path
 from datamodules.genomics import PadCollate, SequenceDataset
 from lightning_modules.ldarnet.ldarnet import LDARNetPretraining, mlm_mask
 from lightning_modules.rsir.sequential_rec import SequentialRecommender, sample_eval_negatives
 from lightning_modules.shared.errors import UserInputError
 from lightning_modules.shared.example_rng import ExampleGenerators
+from test_process_count_invariance import _in, _metrics  # one process and two, the same way
 
 QUIET = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
 TINY_LDARNET = dict(arch_layout=["m1t1", ["M1"], "m1"], d_model=[16, 32], d_intermediate=[0, 32], d_state=8,
@@ -171,26 +169,6 @@ FAMILIES = {
     "rsir_full": ("configs/rsir/quick.yaml", [], "/ndcg@10"),
     "ldarnet_pretraining": ("configs/ldarnet/pretrain_quick.yaml", [], "/mlm_loss"),
 }
-
-
-def _in(directory: Path, *args: str):
-    directory.mkdir(parents=True, exist_ok=True)
-    cwd = os.getcwd()
-    os.chdir(directory)
-    try:
-        return run_cli(*args)
-    finally:
-        os.chdir(cwd)
-
-
-def _metrics(directory: Path, args: list[str]) -> dict[str, float]:
-    try:
-        cli = _in(directory, *args)
-    except ProcessExitedException as err:  # a rank aborting in gloo's teardown after its work: run it again
-        if err.signal_name != "SIGABRT":
-            raise
-        cli = _in(directory.with_name(directory.name + "_again"), *args)
-    return {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
 
 
 @pytest.mark.slow

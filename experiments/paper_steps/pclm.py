@@ -1,7 +1,7 @@
 """PCLM's four paper configs (arXiv 2605.27772; Qwen2-Audio-7B-Instruct): last-layer SFT -> PCLM stage 1 -> stage 2
 (LLM unfrozen) -> DPO, each starting from the previous one's checkpoint. Test and predict read the VoxParadox
 release as published (``IHP-Lab/VoxParadox``: an audio-folder dataset, ``metadata.jsonl`` with ``file_name`` and
-the card's fields ``id, task_name, question, choice_a..choice_d, answer_gt, adversarial_labels``); training reads
+the release's fields ``id, task_name, question, choice_a..choice_d, answer_gt, adversarial_labels``); training reads
 paralinguistic MCQs in the generic JSONL layout (``train.jsonl`` / ``val.jsonl``; the release has no training
 split). The model is the published architecture at fewer layers with random weights (note)."""
 from __future__ import annotations
@@ -22,7 +22,7 @@ FORMAT = ("VoxParadox release (IHP-Lab/VoxParadox audio folder): metadata.jsonl 
           "question, choice_a..choice_d with \"null\" for absent choices, answer_gt, adversarial_labels) + "
           "16 kHz mono 16-bit PCM wav clips of 2-6 s, 4 questions; training: train.jsonl / val.jsonl (generic "
           "layout: audio, question, options, label, task, adv_label), 8 + 2 questions")
-# (task_name, question, choices, answer_gt, adversarial_labels, seconds): the card's tasks and fields
+# (task_name, question, choices, answer_gt, adversarial_labels, seconds): the release's tasks and fields
 QUESTIONS = [
     ("gender_prediction", "What is the gender of the speaker?", ["Male", "Female", "null", "null"], "Female",
      ["Male"], 3.2),
