@@ -1,6 +1,7 @@
 """Causal-inference queries for the CauSciBench agents: seeded synthetic designs with known effects, real queries
 of the benchmark on datasets shipped in the ``causaldata`` package (scored against the benchmark's released
-references), and the benchmark's own query files.
+references), and the benchmark's own query files. One file: the three sources produce the same query records,
+whose fields and checks are defined once here.
 
 Paper: "CauSciBench: Can LLMs Automate Causal Inference in Real-World Scientific Research?" (ICML 2026, PMLR v306;
 repository github.com/causalNLP/CauSciBench). A query is a natural-language question about a data file, with a

@@ -1,6 +1,7 @@
 """Spoken multiple-choice questions about HOW something is said (pitch, speed, gender, volume) whose transcript
 asserts an answer: the data family of VoxParadox (Pang, Chaubey & Soleymani, "Do Audio LLMs Listen or Read?
-Analyzing and Mitigating Paralinguistic Failures with VoxParadox", arXiv 2605.27772).
+Analyzing and Mitigating Paralinguistic Failures with VoxParadox", arXiv 2605.27772). One file: the embedded
+speech and the VoxParadox reader produce the same question records, and keeping them together keeps them alike.
 
 Embedded default: speech synthesised offline with espeak-ng, called in-process from the ``espeakng-loader`` wheel
 (`datamodules.espeak`; the system ``espeak-ng`` binary only where that wheel is absent). Every clip has all four

@@ -48,6 +48,8 @@ NOT_RUN = {
     "python -m pytest -q": "the test suite itself",
     "python -m pytest -q -m slow": "the slow test suite itself",
     "wandb agent <entity>/<project>/<sweep_id>": "a placeholder for the id `wandb sweep` prints; needs a W&B server",
+    "pip install d3rlpy==2.8.1": "installs the optional offline_rl extra (tests/test_phyb_d3rlpy.py skips without it)",
+    "python -m venv --system-site-packages /tmp/d3venv": "creates an environment for the optional d3rlpy extra",
 }
 
 

@@ -5,6 +5,7 @@ Paper: "InfoGeo: Information-Theoretic Object-Centric Learning for Cross-View Ge
 (``cvgl_base/model_slot_dias.py``; built on DIAS and CVCities). The release ships the model but not its loss or
 trainer files (``cvgl_base/loss/*``, ``cvgl_base/trainer_slot.py``), and its evaluation forward refers to an
 undefined name, so the loss composition and the evaluation path below are reconstructions (marked [inference]).
+One file: slots, CACS, CSRR and the FiLM fusion are the steps of one forward pass, in the paper's order.
 
 Pipeline (one shared network for both views; ``q`` = drone query, ``g`` = satellite gallery):
 

@@ -4,7 +4,8 @@ as a switch, and the content-only encoder pre-training that makes a small encode
 Paper: "Do Audio LLMs Listen or Read? Analyzing and Mitigating Paralinguistic Failures with VoxParadox"
 (Pang, Chaubey & Soleymani, ICML 2026, arXiv 2605.27772). No official code was released (the project page,
 voxparadox.github.io, says "coming soon"), so everything below is written from the paper's text; details the text
-does not fix are marked RECONSTRUCTION and are configurable.
+does not fix are marked RECONSTRUCTION and are configurable. One file: the encoders, the PCLM mixer and the three
+training stages (SFT, PCLM, DPO) share one forward, which reads best in one place.
 
 Method (from the paper's text). Audio LLMs answer questions about *how* something is said (pitch, speed, gender,
 ...) from *what* is said: on VoxParadox, where the transcript asserts a wrong answer, they agree with the

@@ -3,6 +3,8 @@
 Group Relative Policy Optimization (Shao et al., "DeepSeekMath", arXiv 2402.03300) in the forms of the official
 verl and TRL implementations, plus Dr. GRPO (Liu et al., arXiv 2503.20783). TRL's ``GRPOTrainer`` forms
 groups by ``view(-1, num_generations)`` and cannot express per-prompt group sizes, so the step is written here.
+One file: the step below is one algorithm whose parts (advantages, loss aggregation, sharded generation) are read
+together; rollouts, log-probs, answers and allocation already live beside it in `lightning_modules.rlvr`.
 
 One training step (one batch of M prompts, everything vectorised over ONE padded batch of rollouts):
 
