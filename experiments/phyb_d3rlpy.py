@@ -54,6 +54,7 @@ LIBRARY_ARMS = ("d3rlpy_iql", "d3rlpy_td3_bc")
 METRICS = ("return", "q_overestimation", "abs_q_bias", "q_abs_error")
 BATCH, GAMMA = 64, 0.99  # configs/phyb/quick.yaml and td3_bc_quick.yaml
 PAPER = "Regularized Offline Policy Optimization with Posterior Hybrid Bayesian Belief (PhyB, ICML 2026)"
+REQUIRES = ("d3rlpy",)  # the optional ``offline_rl`` extra: runs without it stop with the install line
 
 
 def checksum(arrays: dict) -> str:

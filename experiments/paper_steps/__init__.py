@@ -55,6 +55,8 @@ class Case:
     on one CPU (a smaller batch, fewer layers, a shorter generation): each is explained in ``note``, which is empty
     only when the run is the published configuration. ``test_args`` shrink it further for the slow test only
     (never the recorded figures). ``after`` lists the paper configs whose checkpoints this one starts from.
+    ``memory_gib`` is the CPU memory the run was measured to need where that is more than a 24 GiB machine has:
+    on a smaller machine the case is not run and its figures say so (`machine_memory_gib`).
     """
 
     write: Callable[[Path], list[str]]
@@ -65,6 +67,19 @@ class Case:
     inference_only: bool = False
     release_format: str = ""  # the files written, as the release names them
     optimizer_steps_per_batch: int = 1  # a module that steps two optimizers per batch (critic and actor) says 2
+    memory_gib: float | None = None
+
+    def too_big(self) -> str | None:
+        """Why this machine cannot run the case (its memory is below ``memory_gib``), or None."""
+        if self.memory_gib is None or machine_memory_gib() >= self.memory_gib:
+            return None
+        return (f"not run: it needs {self.memory_gib:g} GiB of CPU memory or more (a 24 GiB machine killed it); "
+                f"this machine has {machine_memory_gib():.1f} GiB")
+
+
+def machine_memory_gib() -> float:
+    """Total physical memory in GiB."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
 
 
 class StepTimer(Callback):
@@ -120,6 +135,22 @@ def cases() -> dict[str, Case]:
     return found
 
 
+def in_order(configs: list[str]) -> list[str]:
+    """The configs with each one's prerequisites (`Case.after`, transitively) before it."""
+    registry = cases()
+    ordered: list[str] = []
+
+    def add(config: str) -> None:
+        for before in registry[config].after:
+            add(before)
+        if config not in ordered:
+            ordered.append(config)
+
+    for config in configs:
+        add(config)
+    return ordered
+
+
 def paper_configs() -> list[str]:
     return sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("configs/*/*paper*.yaml"))
 
@@ -149,6 +180,10 @@ def run_case(config: str, case: Case, folder: Path, steps: int = 2, for_test: bo
     """
     done = {} if done is None else done
     registry = cases()
+    if case.too_big():
+        done[config] = {"release_format": case.release_format, "note": case.note, "cpu_steps": 0, "step_s": None,
+                        "not_run": case.too_big()}
+        return done[config]
     for prerequisite in case.after:
         if prerequisite not in done:
             run_case(prerequisite, registry[prerequisite], folder, steps, for_test, done)
@@ -170,6 +205,7 @@ def run_case(config: str, case: Case, folder: Path, steps: int = 2, for_test: bo
             ckpt = []
         else:
             per_batch = case.optimizer_steps_per_batch
+            earlier = set(folder.rglob("*.ckpt"))  # a prerequisite's checkpoints, which later configs may read
             cli, timer = _fit(base + [f"--trainer.max_steps={steps * per_batch}", *LIMITS["fit"]])
             reached = cli.trainer.global_step
             if reached != steps * per_batch:
@@ -188,9 +224,12 @@ def run_case(config: str, case: Case, folder: Path, steps: int = 2, for_test: bo
             result.update(cpu_steps=steps + 1, step_s=round(sum(timed) / len(timed), 4),
                           first_step_s=round(timer.seconds[0], 4), resumed_from=steps,
                           activation_bytes=activation_bytes, batch_size=batch_size)
-            ckpt = ["--ckpt_path", _checkpoint(resumed.trainer)]
+            final = Path(_checkpoint(resumed.trainer))
+            ckpt = ["--ckpt_path", str(final)]
             del resumed
             gc.collect()
+            for written in set(folder.rglob("*.ckpt")) - earlier - {final}:  # at published width these are GBs each
+                written.unlink()
         start = time.perf_counter()
         predicted = _cli(["predict", *base, *LIMITS["predict"], *ckpt])
         predictions = predicted.trainer.predict_loop.predictions
