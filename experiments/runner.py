@@ -10,21 +10,44 @@ The protocol is configuration, ``configs/<NAME>/experiment.yaml``::
     arms:                                  # name -> overlay
       baseline: {configs: [...], overrides: {...}, fit: true}   # configs replace the default list
       method: {overrides: {model.init_args.x: 1}}
+      helper: {seed_offset: 1000, seeds: 3, row: false}         # see "Arm keys" below
     variants:                              # optional: more settings of every arm, reported apart
       noise=2.0: {group: other_noise, overrides: {data.init_args.noise: 2.0}, keep: [acc]}
-    smoke: {overrides: {...}, seeds: 1, variants: [], settings: {...}}   # a seconds-long run
+    smoke: {overrides: {...}, seeds: 1, variants: [], settings: {...}, arms: {...}}   # a seconds-long run
     metrics: [acc]                         # the table's columns and the paired differences
     baseline: baseline                     # paired differences "<arm> - <baseline>" over seeds
     settings: {...}                        # free values for the hooks (``run.settings``)
+    prepare: experiments.<NAME>:prepare    # optional: run -> {dotted key: value}, overrides computed before a build
     evaluate: experiments.<NAME>:evaluate  # optional: run -> {metric: value}; default trainer.test
-    report: experiments.<NAME>:report      # optional: (result, records) -> extra JSON keys
+    report: experiments.<NAME>:report      # optional: (result, records[, spec]) -> extra JSON keys
     plot: experiments.<NAME>:plot          # optional: (result, png path) -> None
+
+Arm keys beyond ``configs`` / ``overrides`` / ``fit`` (all optional):
+
+* ``seed_offset: K`` (an integer >= 0, default 0): the model seed is S + K (``--seed_everything``) while the data
+  seed stays S, for protocols that train several models on one data split with seeds of their own (a retrained
+  reference and a shadow model beside the original, say);
+* ``seeds: N`` (>= 1): the arm runs on seeds 0 .. N-1 only (fewer than the experiment's), e.g. an expensive arm
+  measured on 3 seeds beside a cheap one on 100; ``--seeds`` / ``smoke.seeds`` below N cap it;
+* ``row: false``: the run is made (hooks read it, see ``Run.earlier``) but its own metrics are no row of the result:
+  a helper model, or a grid point that a hook selects from and reports as a derived arm (``Run.derived``).
+
+The smoke overlay may keep a subset of the arms: ``smoke.arms`` is a list of arm names, or a mapping of arm name
+to ``{overrides: {...}}`` applied after the smoke overrides (a per-arm smoke size).
+
+Hooks: ``prepare(run)`` is called before each build and returns overrides applied after every other layer (values
+computed from the seed's earlier runs, e.g. ``model.init_args.init_from`` = an earlier arm's checkpoint). Every run
+sees the same seed's (and variant's) earlier runs as ``run.earlier`` (``{arm name: Run}``, in run order, each with
+its ``metrics``, model, datamodule and checkpoints). ``report`` may take the spec as a third argument, and may return
+``arms`` and ``per_seed`` to replace the runner's (arms or per-seed rows a hook computed without a Lightning run, or
+statistics other than `kit.summarise`); ``paired`` is then computed from the returned rows.
 
 For every seed S and arm (and variant) the runner builds everything exactly as ``python train.py fit --config ...
 <flags>`` would (``train.main(args, run=False)``: model, datamodule and the trainer with the YAML's callbacks), with
-``--seed_everything=S`` and, when the datamodule takes a ``seed``, ``--data.init_args.seed=S``; overrides apply in
-the order experiment, arm, variant, smoke. Then ``trainer.fit`` (unless the arm says ``fit: false``) and
-``trainer.test`` from the best checkpoint of the config's ModelCheckpoint (or the ``evaluate`` hook). Trainer outputs
+``--seed_everything=S`` (S + the arm's ``seed_offset``) and, when the datamodule takes a ``seed``,
+``--data.init_args.seed=S``; overrides apply in the order experiment, arm, variant, smoke, smoke arm, ``--set``,
+``prepare``. Then ``trainer.fit`` (unless the arm says ``fit: false``) and ``trainer.test`` from the best checkpoint
+of the config's ModelCheckpoint (or the ``evaluate`` hook). Trainer outputs
 (checkpoints, logs) go to a temporary folder, never to ``runs/``. The result, ``<out>/<NAME>.json``, has the schema of
 `experiments.kit.write_result` plus ``paired``: ``{"<arm> - <baseline>": {metric: {"mean", "lo", "hi", "n"}}}``,
 the mean paired difference over seeds with its 95% t interval (``lo``/``hi`` null with fewer than 2 seeds).
@@ -33,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import importlib
 import inspect
 import json
@@ -52,11 +76,12 @@ import yaml
 from experiments import kit
 
 TOP_KEYS = {"title", "seeds", "configs", "overrides", "arms", "variants", "smoke", "metrics", "baseline", "settings",
-            "evaluate", "report", "plot"}
-ARM_KEYS = {"configs", "overrides", "fit"}
+            "prepare", "evaluate", "report", "plot"}
+ARM_KEYS = {"configs", "overrides", "fit", "seed_offset", "seeds", "row"}
 VARIANT_KEYS = {"group", "overrides", "keep"}
-SMOKE_KEYS = {"overrides", "seeds", "variants", "settings"}
-HOOKS = ("evaluate", "report", "plot")
+SMOKE_KEYS = {"overrides", "seeds", "variants", "settings", "arms"}
+SMOKE_ARM_KEYS = {"overrides"}
+HOOKS = ("prepare", "evaluate", "report", "plot")
 # JSON keys the runner writes itself (a variant group may not take one)
 RUNNER_KEYS = {"paper", "seeds", "wall_s", "config", "arms", "per_seed", "machine", "paired"}
 # flags the runner sets itself: the seeds are linked, the trainer's outputs go to the run's folder
@@ -74,6 +99,10 @@ class Arm:
     configs: list[str]
     overrides: dict[str, Any]
     fit: bool = True
+    seed_offset: int = 0       # the model seed is S + seed_offset, the data seed S
+    seeds: int | None = None   # run on seeds 0 .. seeds-1 only (None: every seed of the experiment)
+    row: bool = True           # False: a helper run, its own metrics are no row of the result
+    smoke_overrides: dict[str, Any] = field(default_factory=dict)  # smoke.arms.<name>.overrides (smoke runs only)
 
 
 @dataclass
@@ -98,7 +127,8 @@ class Spec:
     settings: dict[str, Any]
     hooks: dict[str, str]
     smoke: bool = False
-    smoke_overrides: dict[str, Any] = field(default_factory=dict)  # applied last, over every layer
+    smoke_overrides: dict[str, Any] = field(default_factory=dict)  # applied over every layer of experiment.yaml
+    set_overrides: dict[str, Any] = field(default_factory=dict)    # ``--set``: applied last, over everything
 
 
 def experiment_path(name: str) -> Path:
@@ -183,11 +213,22 @@ def load_spec(name: str, smoke: bool = False, path: str | Path | None = None) ->
             configs = default_configs
         else:
             raise ExperimentError(f"{arm_where}: no config files (give configs at the top or in the arm)")
-        fit = arm_raw.get("fit", True)
-        if not isinstance(fit, bool):
-            raise ExperimentError(f"{arm_where}.fit must be true or false")
+        fit, row = arm_raw.get("fit", True), arm_raw.get("row", True)
+        for key, value in (("fit", fit), ("row", row)):
+            if not isinstance(value, bool):
+                raise ExperimentError(f"{arm_where}.{key} must be true or false")
+        offset = arm_raw.get("seed_offset", 0)
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ExperimentError(f"{arm_where}.seed_offset must be an integer >= 0 (the model seed is S + "
+                                  f"seed_offset), got {offset!r}")
+        arm_seeds = arm_raw.get("seeds")
+        if arm_seeds is not None and (isinstance(arm_seeds, bool) or not isinstance(arm_seeds, int) or arm_seeds < 1):
+            raise ExperimentError(f"{arm_where}.seeds must be a positive integer (the arm runs on seeds 0 .. "
+                                  f"seeds-1), got {arm_seeds!r}")
         arms.append(Arm(str(arm_name), configs, _overrides(arm_raw.get("overrides"), f"{arm_where}.overrides"),
-                        fit))
+                        fit, offset, arm_seeds, row))
+    if not any(arm.row for arm in arms):
+        raise ExperimentError(f"{where}: every arm says row: false; at least one arm must be a row of the result")
     variants = []
     for variant_name, variant_raw in _mapping(raw.get("variants"), f"{where}: variants").items():
         variant_where = f"{where}: variants.{variant_name}"
@@ -207,6 +248,7 @@ def load_spec(name: str, smoke: bool = False, path: str | Path | None = None) ->
     smoke_raw = _mapping(raw.get("smoke"), f"{where}: smoke")
     _check_keys(smoke_raw, SMOKE_KEYS, f"{where}: smoke")
     smoke_overrides = _overrides(smoke_raw.get("overrides"), f"{where}: smoke.overrides")
+    smoke_arms = _smoke_arms(smoke_raw["arms"], arms, f"{where}: smoke.arms") if "arms" in smoke_raw else []
     if smoke:
         settings.update(_mapping(smoke_raw.get("settings"), f"{where}: smoke.settings"))
         seeds = smoke_raw.get("seeds", seeds)
@@ -216,12 +258,18 @@ def load_spec(name: str, smoke: bool = False, path: str | Path | None = None) ->
             if unknown:
                 raise ExperimentError(f"{where}: smoke.variants names unknown variants {unknown}")
             variants = [v for v in variants if v.name in kept]
+        if "arms" in smoke_raw:
+            arms = [dataclasses.replace(arm, smoke_overrides=overrides) for arm, overrides in smoke_arms]
     if not isinstance(seeds, int) or seeds < 1:
         raise ExperimentError(f"{where}: seeds must be a positive integer, got {seeds!r}")
     metrics = _names(raw.get("metrics"), f"{where}: metrics")
     baseline = raw.get("baseline")
-    if baseline is not None and baseline not in arms_raw:
-        raise ExperimentError(f"{where}: baseline {baseline!r} is not an arm ({list(arms_raw)})")
+    if baseline is not None and baseline not in arms_raw and "report" not in raw:
+        raise ExperimentError(f"{where}: baseline {baseline!r} is not an arm ({list(arms_raw)}); name an arm (or a "
+                              "row the report hook adds)")
+    if baseline in arms_raw and not next(arm.row for arm in arms if arm.name == baseline):
+        raise ExperimentError(f"{where}: the baseline arm {baseline!r} says row: false; give it a row or name "
+                              "another baseline")
     hooks = {}
     for hook in HOOKS:
         if hook in raw:
@@ -231,6 +279,29 @@ def load_spec(name: str, smoke: bool = False, path: str | Path | None = None) ->
             hooks[hook] = target
     return Spec(name, path, str(raw.get("title", name)), seeds, arms, variants, overrides, metrics, baseline,
                 settings, hooks, smoke, smoke_overrides if smoke else {})
+
+
+def _smoke_arms(value: Any, arms: list[Arm], where: str) -> list[tuple[Arm, dict[str, Any]]]:
+    """The arms a smoke run keeps (``smoke.arms``: a list of names, or name -> ``{overrides: {...}}``), in the order
+    of ``arms``, each with its smoke overrides."""
+    if isinstance(value, list):
+        value = {name: None for name in _names(value, where)}
+    value = _mapping(value, where)
+    if not value:
+        raise ExperimentError(f"{where} is empty; list the arms a smoke run keeps, or leave the key out")
+    known = [arm.name for arm in arms]
+    unknown = sorted(set(value) - set(known))
+    if unknown:
+        raise ExperimentError(f"{where} names unknown arms {unknown}; name arms of `arms`")
+    kept = []
+    for arm in arms:
+        if arm.name in value:
+            overlay = _mapping(value[arm.name], f"{where}.{arm.name}")
+            _check_keys(overlay, SMOKE_ARM_KEYS, f"{where}.{arm.name}")
+            kept.append((arm, _overrides(overlay.get("overrides"), f"{where}.{arm.name}.overrides")))
+    if not any(arm.row for arm, _ in kept):
+        raise ExperimentError(f"{where} keeps no arm with a row; keep at least one")
+    return kept
 
 
 def resolve_hook(target: str) -> Callable:
@@ -252,7 +323,8 @@ def flag(key: str, value: Any) -> str:
 
 def arm_flags(spec: Spec, arm: Arm, variant: Variant | None = None) -> list[str]:
     """The CLI arguments of ``arm`` (and ``variant``), seed and output folder excluded."""
-    overrides = {**spec.overrides, **arm.overrides, **(variant.overrides if variant else {}), **spec.smoke_overrides}
+    overrides = {**spec.overrides, **arm.overrides, **(variant.overrides if variant else {}), **spec.smoke_overrides,
+                 **arm.smoke_overrides, **spec.set_overrides}
     args = []
     for config in arm.configs:
         args += ["--config", str(kit.REPO_ROOT / config)]
@@ -272,6 +344,9 @@ class Run:
     cli: Any = None
     fitted: bool = False
     extra: dict = field(default_factory=dict)  # per-run records a hook keeps for `report`
+    # the same seed's (and variant's) runs made before this one, {arm name: Run}, in run order
+    earlier: dict[str, Run] = field(default_factory=dict, repr=False)
+    metrics: dict[str, float] = field(default_factory=dict)  # this run's own metrics, once evaluated
     # metrics of further arms measured on this run's trained model (another evaluation of the same weights), which
     # the evaluate hook adds; they follow this arm in the result
     derived: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -292,10 +367,16 @@ class Run:
     def settings(self) -> dict:
         return self.spec.settings
 
+    @property
+    def model_seed(self) -> int:
+        """``--seed_everything``: the seed plus the arm's ``seed_offset`` (the data seed is `seed`)."""
+        return self.seed + self.arm.seed_offset
+
     def build(self, args: list[str]):
-        """A LightningCLI (not run) of ``args`` plus this run's seed and output folder (``--seed_everything``, the
-        datamodule's ``seed`` when it takes one, ``--trainer.default_root_dir``), as train.py would build it."""
-        return build_cli(args, self.seed, self.root)
+        """A LightningCLI (not run) of ``args`` plus this run's seeds and output folder (``--seed_everything`` =
+        `model_seed`, the datamodule's ``seed`` = `seed` when it takes one, ``--trainer.default_root_dir``), as
+        train.py would build it."""
+        return build_cli(args, self.seed, self.root, model_seed=self.model_seed)
 
     def best_checkpoint(self) -> str | None:
         """After ``fit``, the best checkpoint of the config's ModelCheckpoint that monitors a metric (of the first
@@ -330,11 +411,13 @@ def _takes_seed(cls: type) -> bool:
 _DATA_TAKES_SEED: dict[tuple[str, ...], bool] = {}
 
 
-def build_cli(args: list[str], seed: int, root: Path):
-    """``train.main(args + seed flags, run=False)``; global torch state is restored afterwards by `isolated`."""
+def build_cli(args: list[str], seed: int, root: Path, model_seed: int | None = None):
+    """``train.main(args + seed flags, run=False)``: ``--seed_everything=model_seed`` (default ``seed``) and the
+    data seed ``seed``; global torch state is restored afterwards by `isolated`."""
     import train
 
-    base = [*args, f"--seed_everything={seed}", f"--trainer.default_root_dir={root}"]
+    base = [*args, f"--seed_everything={seed if model_seed is None else model_seed}",
+            f"--trainer.default_root_dir={root}"]
     key = tuple(args)
     try:
         if key not in _DATA_TAKES_SEED:  # the first build tells whether the datamodule has a seed to link
@@ -370,15 +453,19 @@ class isolated:
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 
 
-def execute(run: Run, evaluate: Callable | None) -> dict[str, float]:
-    """Build, fit (unless the arm says no), evaluate; returns the run's metrics."""
+def execute(run: Run, evaluate: Callable | None, prepare: Callable | None = None) -> dict[str, float]:
+    """Build (with the ``prepare`` hook's overrides last), fit (unless the arm says no), evaluate; returns the run's
+    metrics (also kept as ``run.metrics``)."""
     with isolated():
-        run.cli = run.build(arm_flags(run.spec, run.arm, run.variant) + QUIET)
+        computed = _overrides(prepare(run), f"prepare hook for {run.arm.name}") if prepare is not None else {}
+        run.cli = run.build(arm_flags(run.spec, run.arm, run.variant) + QUIET
+                            + [flag(k, v) for k, v in computed.items()])
         if run.arm.fit:
             run.trainer.fit(run.model, datamodule=run.datamodule)
             run.fitted = True
         metrics = evaluate(run) if evaluate is not None else run.test()
-    return _kept(run, metrics)
+    run.metrics = _kept(run, metrics)
+    return run.metrics
 
 
 def _kept(run: Run, metrics: dict) -> dict[str, float]:
@@ -407,7 +494,7 @@ def run_experiment(name: str, *, smoke: bool = False, seeds: int | None = None, 
     ``overrides`` (dotted keys) apply to every arm after all the experiment's layers (an ablation of the whole
     protocol); ``result_name`` replaces ``name`` as the stem of the JSON and PNG."""
     spec = load_spec(name, smoke=smoke, path=spec_path)
-    spec.smoke_overrides = {**spec.smoke_overrides, **_overrides(overrides, "--set")}
+    spec.set_overrides = _overrides(overrides, "--set")
     stem = result_name or name
     if seeds is not None:
         if seeds < 1:
@@ -426,25 +513,31 @@ def run_experiment(name: str, *, smoke: bool = False, seeds: int | None = None, 
     records: list[dict] = []
     scratch = tempfile.TemporaryDirectory(prefix=f"{name}_runs_")
     runs_root = out / f"{name}_runs" if keep_runs else Path(scratch.name)
-    done, total = 0, spec.seeds * len(settings)
+    done, total = 0, sum(_arm_seeds(spec, arm) for _, arm in settings)
     bar = kit.progress(None, name, total=total)
     try:
         for seed in range(spec.seeds):
             row: dict = {}
             groups: dict[str, dict] = {v.group: {} for v in spec.variants}
             kept: dict = {}
+            earlier: dict[str, dict[str, Run]] = {}
             for variant, arm in settings:
+                if seed >= _arm_seeds(spec, arm):
+                    continue
                 label = arm.name if variant is None else f"{variant.name}/{arm.name}"
                 bar.set_postfix_str(f"seed {seed} {label}")
                 root = runs_root / f"seed{seed}" / _slug(label)
-                run = Run(spec, arm, variant, seed, root, out)
+                seen = earlier.setdefault(variant.name if variant else "", {})
+                run = Run(spec, arm, variant, seed, root, out, earlier=dict(seen))
                 began = time.perf_counter()
-                metrics = execute(run, hooks.get("evaluate"))
+                metrics = execute(run, hooks.get("evaluate"), hooks.get("prepare"))
+                seen[arm.name] = run
                 if getattr(bar, "disable", False) is True:  # no terminal (a log file): one line per run instead
                     print(f"{name}: seed {seed} {label} done in {time.perf_counter() - began:.0f} s "
                           f"({done + 1}/{total})", file=sys.stderr, flush=True)
                 done += 1
-                measured = {arm.name: metrics, **{k: _kept(run, v) for k, v in run.derived.items()}}
+                measured = {**({arm.name: metrics} if arm.row else {}),
+                            **{k: _kept(run, v) for k, v in run.derived.items()}}
                 if variant is None:
                     row.update(measured)
                 else:
@@ -465,19 +558,31 @@ def run_experiment(name: str, *, smoke: bool = False, seeds: int | None = None, 
         names = list(dict.fromkeys(n for r in rows for n in r))
         extra[group] = {n: kit.summarise([r[n] for r in rows if n in r]) for n in names}
         extra[f"per_seed_{group}"] = rows
-    if spec.baseline is not None:
+    if spec.baseline is not None and any(spec.baseline in row for row in per_seed):  # else a report hook's row
         extra["paired"] = paired(per_seed, spec.baseline, spec.metrics or list(next(iter(arms.values()))))
     config = {"experiment": str(spec.path.relative_to(kit.REPO_ROOT)) if spec.path.is_relative_to(kit.REPO_ROOT)
               else str(spec.path), "smoke": smoke, **({"set": dict(overrides)} if overrides else {}),
-              "arms": {arm.name: _shown(arm_flags(spec, arm), arm.fit) for arm in spec.arms}}
+              "arms": {arm.name: _shown(arm_flags(spec, arm), arm) for arm in spec.arms}}
     if spec.variants:
-        config["variants"] = {v.name: {arm.name: _shown(arm_flags(spec, arm, v), arm.fit) for arm in spec.arms}
+        config["variants"] = {v.name: {arm.name: _shown(arm_flags(spec, arm, v), arm) for arm in spec.arms}
                               for v in spec.variants}
     if spec.settings:
         config["settings"] = copy.deepcopy(spec.settings)
     result = {"arms": arms, "per_seed": per_seed, **extra}
     if "report" in hooks:
-        extra.update(hooks["report"](result, records) or {})
+        report = hooks["report"]
+        added = dict((report(result, records, spec) if len(inspect.signature(report).parameters) >= 3
+                      else report(result, records)) or {})
+        if "arms" in added or "per_seed" in added:  # the hook's own table / rows replace the runner's
+            arms, per_seed = added.pop("arms", arms), added.pop("per_seed", per_seed)
+            if spec.baseline is not None and any(spec.baseline in row for row in per_seed):
+                extra["paired"] = paired(per_seed, spec.baseline, spec.metrics or list(next(iter(arms.values()))))
+        if isinstance(added.get("paired"), dict) and "paired" in extra:  # more pairs (other baselines): added
+            added["paired"] = {**extra["paired"], **added["paired"]}
+        extra.update(added)
+    if spec.baseline is not None and "paired" not in extra:
+        raise ExperimentError(f"{spec.path}: baseline {spec.baseline!r} is in no per-seed row; name an arm or a row "
+                              "the report hook adds")
     wall = time.perf_counter() - start
     result = kit.write_result(spec.title, name=stem, seeds=spec.seeds, wall_s=wall, config=config, arms=arms,
                               per_seed=per_seed, out=out, **extra)
@@ -495,14 +600,24 @@ def run_experiment(name: str, *, smoke: bool = False, seeds: int | None = None, 
     return result
 
 
+def _arm_seeds(spec: Spec, arm: Arm) -> int:
+    """How many seeds ``arm`` runs on: its own ``seeds``, capped by the experiment's."""
+    return spec.seeds if arm.seeds is None else min(arm.seeds, spec.seeds)
+
+
 def _slug(label: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in label)
 
 
-def _shown(flags: list[str], fit: bool) -> list[str]:
-    """The arm's CLI arguments as a user would type them (config paths relative to the repository root)."""
+def _shown(flags: list[str], arm: Arm) -> list[str]:
+    """The arm's CLI arguments as a user would type them (config paths relative to the repository root), with
+    notes on what is not a flag: no fit, a model seed offset, fewer seeds, no row."""
     root = str(kit.REPO_ROOT) + os.sep
-    return [f.removeprefix(root) for f in flags] + ([] if fit else ["(test only, no fit)"])
+    notes = [note for note, given in (("(test only, no fit)", not arm.fit),
+                                      (f"(model seed S + {arm.seed_offset}, data seed S)", arm.seed_offset),
+                                      (f"(seeds 0-{(arm.seeds or 1) - 1} only)", arm.seeds is not None),
+                                      ("(no row: read by the hooks)", not arm.row)) if given]
+    return [f.removeprefix(root) for f in flags] + notes
 
 
 # ------------------------------------------------------------------------------------------- command line

@@ -1,4 +1,5 @@
-"""Reproduce the tamed-SGD claims at small scale: ``python -m experiments.tamed_sgd``.
+"""Reproduce the tamed-SGD claims at small scale: ``python -m experiments tamed_sgd`` (or ``icml26 experiment
+tamed_sgd``; ``python -m experiments.tamed_sgd`` still works).
 
 Paper: "Taming Stochastic Gradient Descent: Almost Sure Convergence and Saddle-Point Avoidance under
 (L0, L1)-Smoothness", Apidopoulos, Lytras, Mertikopoulos, ICML 2026. The paper is a theory paper whose
@@ -7,11 +8,15 @@ forms documented in ``callbacks/sgd_taming.py``, and the claims checked here are
 tamed schemes converge almost surely under (L0, L1)-smoothness where plain SGD can blow up, and they avoid
 strict saddles.
 
-Three parts, every arm on the same noise (common random numbers):
+The protocol is ``configs/tamed_sgd/experiment.yaml``, run by `experiments.runner`: its arms are the Lightning runs
+of (c), its ``settings`` the sizes of (a) and (b) and the tuned families of (c). This module holds what is not
+configuration: `evaluate` (a digits run's metrics), `report` ((a), (b), the selection of (c)'s tuned arms, the
+tables) and `plot`. Three parts, every arm on the same noise (common random numbers):
 
 (a) Synthetic benchmark, vectorised over seeds (one tensor row per run): ``f(x, y) = e^x + e^-x + y^4/4 - y^2/2``,
     oracle ``g = (1 + 0.5 xi_0) grad f + 0.1 xi_{1:}`` with Gaussian xi, start (8, 1e-3), ``gamma_n = 0.5 /
-    (n + 10)^0.7``, 5000 steps, 100 seeds. Arms: plain SGD, clipped SGD (norm 1, the earlier fixed setting),
+    (n + 10)^0.7``, 5000 steps, 100 seeds (the experiment's seeds; computed by `report`, not a run per seed).
+    Arms: plain SGD, clipped SGD (norm 1, the earlier fixed setting),
     clipped SGD tuned (threshold chosen from {0.1, 0.3, 1, 3, 10} on 20 VALIDATION seeds 10000-10019, their own
     noise, by the fraction of runs ending within 0.1 of a minimiser, then the fewest mean steps to first get
     there), tamed (q = 1), tamed (q = 0.5), dissipative (r = 2, default; a = 1) and dissipative (r = 1, ablation);
@@ -21,45 +26,51 @@ Three parts, every arm on the same noise (common random numbers):
     final ``||grad f||`` and ``f - f*`` over non-diverged runs. The direction functions, the oracle and the noise
     are the ones the Lightning path uses.
 (b) The Lightning path (`StochasticOracleModule` + `SGDTaming` + `RobbinsMonroLR` through a `Trainer` in float64,
-    built from ``configs/tamed_sgd/paper.yaml``: the same benchmark protocol) against the vectorised path on a few
-    seeds: the final iterates must agree to round-off.
-(c) A real network, through the collection's own pieces and Lightning, built from
-    ``configs/tamed_sgd/digits_quick.yaml`` (the experiment sets the seed, the lr and ``hidden_dim=64``, the
-    64-64-10 MLP these numbers were measured with; the config's CLI run uses 128): `ImageClassifier(backbone="mlp",
-    hidden_dim=64)` (64-64-10, ReLU) on `ImageClassificationDataModule(dataset="digits", seed=seed)` (fixed
-    stratified 80/20 test split, 10% of the rest held out for validation, read only to select the tuned arms, pixels
-    z-scored with training statistics), `torch.optim.SGD` at a constant learning rate large enough that plain SGD
-    blows up (5 and 50), batch 64, 20 epochs, 3 seeds, `Trainer(deterministic=True)` on CPU. Arms: plain SGD,
-    clipped SGD at max_norm 1 (``Trainer(gradient_clip_val=1.0, gradient_clip_algorithm="norm")``, the earlier fixed
-    setting), the `SGDTaming` callback with tamed q = 1 and q = 0.5 (q fixed by the method), and two TUNED arms with
+    built from ``configs/tamed_sgd/paper.yaml`` as the CLI builds it, under a float64 default dtype as
+    ``Trainer.init_module()`` would: the same benchmark protocol) against the vectorised path on 3 seeds, 1000 steps
+    (``settings.check``): the final iterates must agree to round-off.
+(c) A real network, the experiment's arms ``digits/<arm>_lr<lr>``, each built by the runner from
+    ``configs/tamed_sgd/digits_quick.yaml`` with its trainer and callbacks (the experiment sets the seed, the lr,
+    the callbacks and ``hidden_dim=64``, the 64-64-10 MLP these numbers were measured with; the config's CLI run
+    uses 128): `ImageClassifier(backbone="mlp", hidden_dim=64)` (64-64-10, ReLU) on
+    `ImageClassificationDataModule(dataset="digits", seed=seed)` (fixed stratified 80/20 test split, 10% of the
+    rest held out for validation, read only to select the tuned arms, pixels z-scored with training statistics),
+    `torch.optim.SGD` at a constant learning rate large enough that plain SGD blows up (5 and 50), batch 64,
+    20 epochs, no validation during training, 3 seeds (``seeds: 3`` on each arm), ``deterministic: true`` on CPU.
+    Arms: plain SGD, clipped SGD at max_norm 1 (``trainer.gradient_clip_val: 1.0``, norm, the earlier fixed
+    setting), the `SGDTaming` callback (in the arm's ``trainer.callbacks``) with tamed q = 1 and q = 0.5 (q fixed
+    by the method), and two TUNED arms with
     five candidates each, selected per learning rate on the VALIDATION split (mean over seeds of the final
     validation accuracy; ties: lower validation loss; the test split is never read for selection): clipped SGD with
     ``max_norm = s / lr``, s in {0.1, 0.3, 1, 3, 10} (the clipped step is at most s long), and dissipative (r, a) in
     {(1, 0), (1, 1e-3), (2, 0), (2, 1e-3), (2, 1e-2)}; plus plain SGD at lr 0.5 as a reference. All arms of a seed
     start from the same weights and see the same minibatches. Per run: the final train loss is the mean minibatch
-    loss of the last epoch (recorded by a callback from the ``training_step`` outputs), test accuracy comes from a
-    direct pass over the test loader; a run is "nonfinite" when that loss or any weight is not finite at the end,
-    and "failed" when it is nonfinite or its final train loss is not below ln 10 (uniform guessing): with ReLU at a
-    huge step plain SGD mostly ends in dead or exploded logits rather than in NaN. A run that reaches NaN keeps
-    training (Lightning does not stop) and is reported as such.
+    loss of the last epoch (recorded by `StepLossRecorder`, a callback of every arm's trainer, from the
+    ``training_step`` outputs), test accuracy comes from a direct pass over the test loader; a run is "nonfinite"
+    when that loss or any weight is not finite at the end, and "failed" when it is nonfinite or its final train
+    loss is not below ln 10 (uniform guessing): with ReLU at a huge step plain SGD mostly ends in dead or exploded
+    logits rather than in NaN. A run that reaches NaN keeps training (Lightning does not stop) and is reported as
+    such.
 
-Outputs: markdown tables on stdout, ``results/tamed_sgd.json`` (the experiments' schema; ``seeds`` counts the
-runs of (a); fractions are means of 0/1 indicators with their std; ``*_median`` metrics hold the median in "mean"
-and the median absolute deviation in "std"; unlike the other experiments, every "std" here is the SAMPLE standard
-deviation (ddof = 1), as published; ``per_seed`` holds each run's values, the digits arms in the first
-``--digits-seeds`` entries, every tuning candidate included), ``synthetic_clip_selection`` and ``digits_selection``
-(each tuned arm's split, candidates, their validation scores, the test accuracy they would have had, and the
-chosen one) and ``results/tamed_sgd.png``.
+Outputs: markdown tables on stdout, ``results/tamed_sgd.json`` (the experiments' schema; ``config`` holds every
+arm's CLI arguments and the settings; ``seeds`` counts the runs of (a); fractions are means of 0/1 indicators with
+their std; ``*_median`` metrics hold the median in "mean" and the median absolute deviation in "std"; unlike the
+other experiments, every "std" here is the SAMPLE standard deviation (ddof = 1), as published; ``per_seed`` holds
+each run's values, the digits arms in the first 3 entries, every tuning candidate included; ``paired``: each
+synthetic arm minus plain SGD on ``diverged``, plus the pairs of ``settings.paired``), ``lightning_check``,
+``synthetic_clip_selection`` and ``digits_selection`` (each tuned arm's split, candidates, their validation
+scores, the test accuracy they would have had, and the chosen one) and ``results/tamed_sgd.png``.
 
 Length: one file because (a), (b) and (c) share the arms, the noise and the selection rules, and (b) exists to
 check that (a)'s vectorised path and the Lightning path agree; split apart, that check would span three files.
+`digits_run` runs one digits arm outside the grid (tests).
 """
 from __future__ import annotations
 
 import functools
 import logging
 import math
-import time
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -70,14 +81,9 @@ from tqdm import tqdm
 
 from callbacks.sgd_taming import clipped_direction, dissipative_direction, tamed_direction
 from datamodules.stochastic_oracle import oracle_noise
-from experiments import kit
+from experiments import kit, runner
 from lightning_modules.tamed_sgd.tamed_sgd import get_objective, sample_objective, state_metrics
 
-BENCHMARK_CONFIG = "configs/tamed_sgd/paper.yaml"       # (b): the benchmark protocol, float64
-DIGITS_CONFIG = "configs/tamed_sgd/digits_quick.yaml"   # (c): the digits MLP with SGDTaming
-
-PAPER = ("Taming Stochastic Gradient Descent: Almost Sure Convergence and Saddle-Point Avoidance under "
-         "(L0, L1)-Smoothness (Apidopoulos, Lytras, Mertikopoulos, ICML 2026)")
 START = (8.0, 1e-3)
 SIGMA_MULT, SIGMA_ADD = 0.5, 0.1
 BASE_LR, N0, POWER = 0.5, 10.0, 0.7
@@ -152,14 +158,6 @@ def tune_synthetic_clipping(num_val_seeds: int, num_steps: int, grid=SYNTHETIC_C
             "criterion": "fraction ending within 0.1 of a minimiser, then fewest mean steps to first get there",
             "grid": list(grid), "val_near_minimiser": [s[0] for s in scores],
             "val_mean_first_step_near_minimiser": [-s[1] for s in scores], "chosen": grid[best]}
-
-
-# The same arms as Lightning callbacks (clipping is Lightning's gradient_clip_val, plain SGD has no callback).
-CALLBACK_ARGS = {"tamed": {"scheme": "tamed", "lr_power": 1.0},
-                 "tamed_sqrt_lr": {"scheme": "tamed", "lr_power": 0.5},
-                 "dissipative_r2": {"scheme": "dissipative", "restoring_coef": 1.0, "iterate_power": 2.0},
-                 "dissipative_r1": {"scheme": "dissipative", "restoring_coef": 1.0, "iterate_power": 1.0},
-                 "plain_sgd": None}
 
 
 def robbins_monro_lrs(num_steps: int, base_lr: float = BASE_LR, n0: float = N0, power: float = POWER):
@@ -267,31 +265,59 @@ def run_synthetic(num_seeds: int = 100, num_steps: int = 5000, arms=tuple(SYNTHE
 
 
 # ----------------------------------------------------------------------------- (b) Lightning vs vectorised
-def lightning_final_iterate(arm: str, seed: int, num_steps: int):
-    """Train `StochasticOracleModule` with the arm's callback through a Trainer (float64); return (x, diverged_at)."""
-    from callbacks.sgd_taming import SGDTaming
+class float64_default:
+    """Build under ``torch.set_default_dtype(torch.float64)``: what ``Trainer.init_module()`` does for ``precision:
+    64-true``, so that the start point (8, 1e-3) is a float64 parameter from the start, not float32 rounded up."""
 
-    trainer = kit.quiet_trainer([SGDTaming(**CALLBACK_ARGS[arm])] if CALLBACK_ARGS[arm] else [],
-                                max_steps=num_steps, precision="64-true", limit_val_batches=0)
-    with trainer.init_module():  # float64 parameters from the start (the start point is not rounded to float32)
-        module, data = kit.from_config(BENCHMARK_CONFIG, f"--data.init_args.num_steps={num_steps}",
-                                       f"--data.init_args.seed={seed}")
-    trainer.fit(module, data)
-    return module.x.detach().clone(), int(module.diverged_at_step)
+    def __enter__(self):
+        self.dtype = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+
+    def __exit__(self, *exc) -> None:
+        torch.set_default_dtype(self.dtype)
 
 
-def run_lightning_check(seeds=(0, 1, 2), num_steps: int = 1000,
-                        arms=("tamed", "dissipative_r2", "plain_sgd"), progress=True):
+def lightning_final_iterate(config: str, overrides: dict, seed: int, num_steps: int):
+    """Train ``config`` (`StochasticOracleModule`, float64) with ``overrides`` (the arm's callbacks) for `num_steps`
+    steps on the noise of data seed `seed`, built as the CLI builds it (no validation, no logger or checkpoint);
+    return (final x, diverged_at)."""
+    flags = ["--config", str(kit.REPO_ROOT / config), *(runner.flag(k, v) for k, v in overrides.items()),
+             runner.flag("trainer.max_steps", num_steps), runner.flag("data.init_args.num_steps", num_steps),
+             "--trainer.limit_val_batches=0", "--trainer.logger=false", "--trainer.enable_checkpointing=false",
+             *runner.QUIET]
+    with tempfile.TemporaryDirectory(prefix="tamed_sgd_check_") as root, runner.isolated():
+        with float64_default():
+            cli = runner.build_cli(flags, seed, Path(root))
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    return cli.model.x.detach().clone(), int(cli.model.diverged_at_step)
+
+
+def check_settings(check: dict | None = None) -> dict:
+    """experiment.yaml's ``settings.check`` (the full run's when not given): seeds, steps, config, arms."""
+    check = dict(check if check is not None else runner.load_spec("tamed_sgd").settings["check"])
+    missing = sorted({"seeds", "steps", "config", "arms"} - set(check))
+    unknown = sorted(set(check["arms"]) - set(SYNTHETIC_RULES)) if "arms" in check else []
+    if missing or unknown:
+        raise runner.ExperimentError(f"settings.check: missing {missing} / arms without a vectorised rule {unknown}; "
+                                     f"give seeds, steps, config and arms among {sorted(SYNTHETIC_RULES)}")
+    return check
+
+
+def run_lightning_check(seeds=(0, 1, 2), num_steps: int = 1000, arms=None, check: dict | None = None):
+    """(b): each arm of ``settings.check`` through Lightning and through `simulate` on the same noise; the largest
+    absolute difference of the final iterates (over finite runs) and the divergence steps of both paths."""
     for name in ("lightning.pytorch", "lightning.fabric", "lightning_modules.tamed_sgd.tamed_sgd"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    check = check_settings(check)
     noise = stack_noise(seeds, num_steps)
     lrs = robbins_monro_lrs(num_steps)
     rows = {}
-    for arm in kit.progress(arms, "(b) Lightning vs vectorised") if progress else arms:
+    for arm in arms or list(check["arms"]):
         vectorised = simulate(SYNTHETIC_RULES[arm], noise, lrs)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "training_step returned None" after a divergence, deprecations
-            lightning = [lightning_final_iterate(arm, seed, num_steps) for seed in seeds]
+            lightning = [lightning_final_iterate(check["config"], check["arms"][arm], seed, num_steps)
+                         for seed in seeds]
         x_lightning = torch.stack([x for x, _ in lightning])
         finite = torch.isfinite(x_lightning).all(-1) & torch.isfinite(vectorised["x"]).all(-1)
         diff = (x_lightning - vectorised["x"]).abs().amax(-1)[finite]
@@ -303,40 +329,14 @@ def run_lightning_check(seeds=(0, 1, 2), num_steps: int = 1000,
 
 # ----------------------------------------------------------------------------- (c) MLP on digits, through Lightning
 CHANCE_LOSS = math.log(10.0)
-# Fixed arms: name -> (SGDTaming kwargs or None, extra Trainer kwargs). "clipped_sgd" is the earlier fixed setting
-# (Lightning's norm clipping at 1.0 whatever the lr), kept as a reference row; the tamed arms' q is fixed by the
-# method (q = 1, and the q = 0.5 variant), nothing to tune.
-DIGITS_ARMS = {
-    "plain_sgd": (None, {}),
-    "clipped_sgd": (None, {"gradient_clip_val": 1.0, "gradient_clip_algorithm": "norm"}),
-    "tamed": ({"scheme": "tamed", "lr_power": 1.0}, {}),
-    "tamed_sqrt_lr": ({"scheme": "tamed", "lr_power": 0.5}, {}),
-}
-# Tuned arms, the same number of candidates each, selected per learning rate on the VALIDATION split (mean over
-# seeds of the final validation accuracy, ties: lower validation loss; the test split is never read):
-# clipped SGD's threshold scales with 1/lr, max_norm = s / lr, so the clipped step is at most s long (the tamed
-# q = 1 step is at most 1); the dissipative (r, a) grid holds the two settings reported before (r = 2, a = 1e-3
-# and r = 1, a = 0). At a constant lr the restoring term needs ``lr * a < 2``.
-CLIP_STEP_BOUNDS = (0.1, 0.3, 1.0, 3.0, 10.0)
-DISSIPATIVE_GRID = ((1.0, 0.0), (1.0, 1e-3), (2.0, 0.0), (2.0, 1e-3), (2.0, 1e-2))   # (r, a)
-TUNED_FAMILIES = {
-    "clipped_sgd_tuned": tuple(f"clipped_sgd_s{s:g}" for s in CLIP_STEP_BOUNDS),
-    "dissipative_tuned": tuple(f"dissipative_r{r:g}_a{a:g}" for r, a in DISSIPATIVE_GRID),
-}
+# The arms are experiment.yaml's ``digits/<arm>_lr<lr>``: plain SGD, "clipped_sgd" (Lightning's norm clipping at 1.0
+# whatever the lr, the earlier fixed setting, kept as a reference row), tamed q = 1 and q = 0.5 (fixed by the method),
+# and the candidates of the two tuned arms (``settings.digits.families``), the same number each, selected per
+# learning rate on the VALIDATION split (mean over seeds of the final validation accuracy, ties: lower validation
+# loss; the test split is never read): clipped SGD's threshold scales with 1/lr, max_norm = s / lr, so the clipped
+# step is at most s long (the tamed q = 1 step is at most 1); the dissipative (r, a) grid holds the two settings
+# reported before (r = 2, a = 1e-3 and r = 1, a = 0). At a constant lr the restoring term needs ``lr * a < 2``.
 SELECTION_SPLIT = "validation (10% of the training part, disjoint from the test split)"
-
-
-def digits_setting(arm: str, lr: float) -> tuple[dict | None, dict]:
-    """(SGDTaming kwargs or None, extra Trainer kwargs) of a fixed arm or of a tuning candidate at this lr."""
-    if arm in DIGITS_ARMS:
-        return DIGITS_ARMS[arm]
-    if arm.startswith("clipped_sgd_s"):
-        bound = float(arm[len("clipped_sgd_s"):])
-        return None, {"gradient_clip_val": bound / lr, "gradient_clip_algorithm": "norm"}
-    if arm.startswith("dissipative_r"):
-        r, a = arm[len("dissipative_r"):].split("_a")
-        return {"scheme": "dissipative", "restoring_coef": float(a), "iterate_power": float(r)}, {}
-    raise ValueError(f"unknown digits arm {arm!r}")
 
 
 def select_candidate(results: dict, candidates, lr: float) -> str:
@@ -352,7 +352,7 @@ def select_candidate(results: dict, candidates, lr: float) -> str:
     return min(enumerate(candidates), key=key)[1]
 
 
-def tune_digits(results: dict, large_lrs, families=TUNED_FAMILIES) -> tuple[dict, dict]:
+def tune_digits(results: dict, large_lrs, families: dict) -> tuple[dict, dict]:
     """Add ``<family>_lr<lr>`` (the selected candidate's runs) to a copy of `results`; return it and the record
     ``{family: {lr: {"candidates", "val_accuracy", "test_accuracy", "chosen"}}}`` (test accuracy only reported)."""
     tuned, record = dict(results), {}
@@ -389,74 +389,6 @@ class StepLossRecorder(Callback):
         return sum(loss for loss, epoch in zip(self.losses, self.epochs) if epoch == last) / self.epochs.count(last)
 
 
-def digits_run(arm: str, lr: float, seed: int, epochs: int = 20) -> dict:
-    """Train ``ImageClassifier(backbone="mlp", hidden_dim=64)`` on digits with SGD(lr) and the arm's taming or
-    clipping through a Lightning Trainer; every arm of a seed starts from the same weights and sees the same
-    minibatches. Returns final train loss (mean over the last epoch), test accuracy, flags and the step curve."""
-    from callbacks.sgd_taming import SGDTaming
-
-    taming, trainer_kwargs = digits_setting(arm, lr)
-    recorder = StepLossRecorder()
-    callbacks = [recorder] + ([SGDTaming(**taming)] if taming is not None else [])
-    model, data = kit.from_config(DIGITS_CONFIG, f"--seed_everything={seed}", "--model.init_args.hidden_dim=64",
-                                  f"--model.init_args.optimizer.init_args.lr={lr}", f"--data.init_args.seed={seed}")
-    trainer = kit.quiet_trainer(callbacks, max_epochs=epochs, deterministic=True, limit_val_batches=0,
-                                **trainer_kwargs)
-    trainer.fit(model, datamodule=data)
-    model.eval()
-    val_accuracy, val_loss = evaluate(model, data.val_dataloader())     # what tuning reads
-    test_accuracy, _ = evaluate(model, data.test_dataloader())         # what is reported
-    train_loss = recorder.last_epoch_mean()
-    weights_finite = all(torch.isfinite(p).all().item() for p in model.parameters())
-    nonfinite = not (math.isfinite(train_loss) and weights_finite)
-    return {"train_loss": train_loss, "test_accuracy": test_accuracy, "val_accuracy": val_accuracy,
-            "val_loss": val_loss, "nonfinite": nonfinite, "failed": nonfinite or not train_loss < CHANCE_LOSS,
-            "curve": recorder.losses}
-
-
-def evaluate(model, loader) -> tuple[float, float]:
-    """(accuracy, mean cross-entropy) of `model` over `loader`."""
-    correct = total = 0
-    loss = 0.0
-    with torch.no_grad():
-        for images, labels in loader:
-            logits = model(images)
-            correct += (logits.argmax(-1) == labels).sum().item()
-            loss += F.cross_entropy(logits, labels, reduction="sum").item()
-            total += len(labels)
-    return correct / total, loss / total
-
-
-DIGITS_RUNS = tuple(DIGITS_ARMS) + tuple(c for candidates in TUNED_FAMILIES.values() for c in candidates)
-
-
-def run_digits(seeds=(0, 1, 2), large_lrs=(5.0, 50.0), reference_lr: float = 0.5, epochs: int = 20,
-               arms=DIGITS_RUNS, progress=True):
-    """Plain SGD at `reference_lr`, then every arm (fixed arms and tuning candidates) at every large lr; results
-    keyed ``<arm>_lr<lr>``. Select the tuned arms afterwards with `tune_digits`.
-
-    Per arm: ``train_loss``, ``test_accuracy``, ``val_accuracy``, ``val_loss``, ``nonfinite``, ``failed`` (tensors
-    over seeds) and ``curve`` (``(steps, seeds)`` minibatch losses, NaN where non-finite)."""
-    for name in ("lightning.pytorch", "lightning.fabric", "lightning_modules"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    jobs = [("plain_sgd", reference_lr)] + [(arm, lr) for lr in large_lrs for arm in arms]
-    results = {}
-    for arm, lr in kit.progress(jobs, "(c) digits MLP arms (Lightning)") if progress else jobs:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # few batches vs log_every_n_steps, deprecations
-            runs = [digits_run(arm, lr, seed, epochs) for seed in seeds]
-        curve = torch.tensor([run["curve"] for run in runs], dtype=torch.float64).T
-        results[f"{arm}_lr{lr:g}"] = {
-            "train_loss": torch.tensor([run["train_loss"] for run in runs], dtype=torch.float64),
-            "test_accuracy": torch.tensor([run["test_accuracy"] for run in runs], dtype=torch.float64),
-            "val_accuracy": torch.tensor([run["val_accuracy"] for run in runs], dtype=torch.float64),
-            "val_loss": torch.tensor([run["val_loss"] for run in runs], dtype=torch.float64),
-            "nonfinite": torch.tensor([run["nonfinite"] for run in runs]),
-            "failed": torch.tensor([run["failed"] for run in runs]),
-            "curve": torch.where(torch.isfinite(curve), curve, torch.nan)}
-    return results
-
-
 def digits_metrics(result) -> dict[str, dict[str, float]]:
     loss = result["train_loss"]
     metrics = {"train_loss": mean_std(loss[torch.isfinite(loss)]),
@@ -480,7 +412,7 @@ def table(rows: dict[str, dict[str, dict[str, float]]], columns: list[str]) -> s
     return "\n".join(lines)
 
 
-def plot(synthetic, digits, path: Path, shown_seeds: int = 5) -> None:
+def draw(synthetic, digits, path: Path, shown_seeds: int = 5) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -561,31 +493,100 @@ def per_run_values(synthetic, digits) -> list[dict[str, dict[str, float]]]:
     return runs
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = kit.experiment_parser(__doc__.splitlines()[0], seeds=100)
-    parser.add_argument("--steps", type=int, default=5000, help="SGD steps of the synthetic benchmark (a)")
-    parser.add_argument("--check-steps", type=int, default=1000, help="steps of the Lightning check (b)")
-    parser.add_argument("--digits-seeds", type=int, default=3, help="seeds of the MLP experiment (c)")
-    parser.add_argument("--digits-epochs", type=int, default=20, help="epochs of the MLP experiment (c)")
-    parser.add_argument("--val-seeds", type=int, default=20,
-                        help="validation seeds of (a) on which clipped SGD's threshold is selected")
-    args = parser.parse_args(argv)
-    large_lrs, digits_arms, check_seeds, families = (5.0, 50.0), DIGITS_RUNS, (0, 1, 2), TUNED_FAMILIES
-    if args.smoke:  # the pipeline in seconds
-        args.steps, args.check_steps, args.digits_seeds, args.digits_epochs, args.val_seeds = 50, 20, 1, 1, 2
-        families = {"clipped_sgd_tuned": TUNED_FAMILIES["clipped_sgd_tuned"][1:3]}
-        large_lrs, digits_arms, check_seeds = (50.0,), ("plain_sgd", "tamed", *families["clipped_sgd_tuned"]), (0,)
-    kit.quiet_single_thread()
-    started = time.time()
+# ----------------------------------------------------------------------------- the runner's hooks
+CHECK_COLUMNS = ["diverged", "near_minimiser", "near_saddle", "final_grad_norm_median", "final_f_gap",
+                 "first_step_near_minimiser"]
+DIGITS_COLUMNS = ["train_loss", "val_accuracy", "test_accuracy", "nonfinite", "failed"]
+_DRAWN: dict = {}  # what `report` computed and `plot` draws (the runner calls plot right after report)
 
-    clip_selection = tune_synthetic_clipping(args.val_seeds, args.steps)
-    synthetic = run_synthetic(args.seeds, args.steps, tuned_clip=clip_selection["chosen"])
-    check = run_lightning_check(seeds=check_seeds, num_steps=args.check_steps)
-    digits_runs = run_digits(seeds=tuple(range(args.digits_seeds)), large_lrs=large_lrs, epochs=args.digits_epochs,
-                             arms=digits_arms)
+
+def accuracy_and_loss(model, loader) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy) of `model` over `loader`."""
+    correct = total = 0
+    loss = 0.0
+    with torch.no_grad():
+        for images, labels in loader:
+            logits = model(images)
+            correct += (logits.argmax(-1) == labels).sum().item()
+            loss += F.cross_entropy(logits, labels, reduction="sum").item()
+            total += len(labels)
+    return correct / total, loss / total
+
+
+def evaluate(run) -> dict[str, float]:
+    """A digits arm after ``fit``: final train loss (the last epoch's mean minibatch loss, from the config's
+    `StepLossRecorder`), validation accuracy and loss (what tuning reads), test accuracy (what is reported, by a
+    direct pass over the test loader), ``nonfinite`` (that loss or a weight is not finite) and ``failed`` (nonfinite,
+    or the final train loss not below ln 10). The step curve is kept for the plot."""
+    recorder = next((c for c in run.trainer.callbacks if isinstance(c, StepLossRecorder)), None)
+    if recorder is None:
+        raise runner.ExperimentError(f"{run.arm.name}: no StepLossRecorder in the trainer's callbacks; keep "
+                                     "{class_path: experiments.tamed_sgd.StepLossRecorder} in trainer.callbacks")
+    model = run.model.eval()
+    val_accuracy, val_loss = accuracy_and_loss(model, run.datamodule.val_dataloader())
+    test_accuracy, _ = accuracy_and_loss(model, run.datamodule.test_dataloader())
+    train_loss = recorder.last_epoch_mean()
+    weights_finite = all(torch.isfinite(p).all().item() for p in model.parameters())
+    nonfinite = not (math.isfinite(train_loss) and weights_finite)
+    run.extra["curve"] = list(recorder.losses)
+    return {"train_loss": train_loss, "test_accuracy": test_accuracy, "val_accuracy": val_accuracy,
+            "val_loss": val_loss, "nonfinite": float(nonfinite),
+            "failed": float(nonfinite or not train_loss < CHANCE_LOSS)}
+
+
+def digits_results(spec, records: list[dict], per_seed: list[dict]) -> dict:
+    """The digits runs as ``{"<arm>_lr<lr>": {metric: tensor over seeds, "curve": (steps, seeds)}}`` in the order of
+    experiment.yaml's arms (the tuning and the table read this form)."""
+    results = {}
+    for arm in spec.arms:
+        seeds = [s for s, row in enumerate(per_seed) if arm.name in row]
+        if not arm.name.startswith("digits/") or not seeds:
+            continue
+        rows = [per_seed[s][arm.name] for s in seeds]
+        curve = torch.tensor([records[s][""][arm.name]["curve"] for s in seeds], dtype=torch.float64).T
+        results[arm.name.removeprefix("digits/")] = {
+            **{name: torch.tensor([row[name] for row in rows], dtype=torch.float64)
+               for name in ("train_loss", "test_accuracy", "val_accuracy", "val_loss")},
+            **{name: torch.tensor([bool(row[name]) for row in rows]) for name in ("nonfinite", "failed")},
+            "curve": torch.where(torch.isfinite(curve), curve, torch.nan)}
+    return results
+
+
+def more_pairs(per_seed: list[dict], blocks: list[dict]) -> dict:
+    """``settings.paired``: pairs against further baselines ({baseline, arms, metrics}; arms or a baseline a smoke
+    run lacks are left out)."""
+    from icml26.paired import paired_block
+
+    known = {arm for row in per_seed for arm in row}
+    seen = {m for row in per_seed for cells in row.values() for m in cells}
+    pairs = {}
+    for block in blocks:
+        arms = [a for a in block["arms"] if a in known] if block.get("arms") else None
+        metrics = [m for m in block["metrics"] if m in seen] if block.get("metrics") else None
+        if block["baseline"] in known and arms != [] and metrics != []:
+            pairs.update(paired_block(per_seed, block["baseline"], metrics, arms))
+    return pairs
+
+
+def report(result: dict, records: list[dict], spec) -> dict:
+    """(a) the vectorised benchmark on the experiment's seeds (clipped SGD's norm tuned on the validation seeds),
+    (b) the Lightning-vs-vectorised check, (c) the tuned digits arms chosen on validation; returns the table
+    (``arms``, sample stds and medians as published), ``per_seed`` (each run), ``lightning_check``,
+    ``synthetic_clip_selection``, ``digits_selection`` and the ``settings.paired`` pairs; prints the tables."""
+    settings = spec.settings
+    synthetic_settings, check_setting, digits_settings = (settings[k] for k in ("synthetic", "check", "digits"))
+    steps = synthetic_settings["steps"]
+    clip_selection = tune_synthetic_clipping(synthetic_settings["val_seeds"], steps,
+                                             tuple(synthetic_settings.get("clip_grid", SYNTHETIC_CLIP_GRID)))
+    synthetic = run_synthetic(spec.seeds, steps, tuned_clip=clip_selection["chosen"], progress=False)
+    check = run_lightning_check(seeds=tuple(range(check_setting["seeds"])), num_steps=check_setting["steps"],
+                                check=check_setting)
+    digits_runs = digits_results(spec, records, result["per_seed"])
+    large_lrs = tuple(float(lr) for lr in digits_settings["large_lrs"])
+    families = {family: tuple(candidates) for family, candidates in digits_settings["families"].items()}
     digits_all, digits_selection = tune_digits(digits_runs, large_lrs, families)
     shown = ["plain_sgd", "clipped_sgd", *families, "tamed", "tamed_sqrt_lr"]
-    digits = {"plain_sgd_lr0.5": digits_all["plain_sgd_lr0.5"]}
+    digits = {key: digits_all[key] for key in ("plain_sgd_lr0.5",) if key in digits_all}
     digits.update({f"{arm}_lr{lr:g}": digits_all[f"{arm}_lr{lr:g}"] for lr in large_lrs for arm in shown
                    if f"{arm}_lr{lr:g}" in digits_all})
 
@@ -593,47 +594,58 @@ def main(argv: list[str] | None = None) -> dict:
     arms.update({f"lightning_check/{arm}": {"max_abs_diff": {"mean": row["max_abs_diff"], "std": 0.0}}
                  for arm, row in check.items()})
     arms.update({f"digits/{arm}": digits_metrics(result) for arm, result in digits.items()})
+    per_seed = per_run_values(synthetic, digits_runs)
 
-    print(f"\n## (a) {args.seeds} seeds, {args.steps} steps, start (8, 1e-3), gamma_n = 0.5/(n+10)^0.7\n")
+    print(f"\n## (a) {spec.seeds} seeds, {steps} steps, start (8, 1e-3), gamma_n = 0.5/(n+10)^0.7\n")
     print(f"clipped SGD threshold chosen on {clip_selection['split']}: {clip_selection['chosen']:g} "
           f"(grid {clip_selection['grid']}, validation near-minimiser fractions "
           f"{[round(v, 3) for v in clip_selection['val_near_minimiser']]}, mean first steps "
           f"{[round(v) for v in clip_selection['val_mean_first_step_near_minimiser']]})\n")
-    print(table({arm: synthetic_metrics(result) for arm, result in synthetic.items()},
-                ["diverged", "near_minimiser", "near_saddle", "final_grad_norm_median",
-                 "final_f_gap", "first_step_near_minimiser"]))
-    print(f"\n## (b) Lightning path vs vectorised path, seeds 0-2, {args.check_steps} steps, float64\n")
+    print(table({arm: synthetic_metrics(result) for arm, result in synthetic.items()}, CHECK_COLUMNS))
+    print(f"\n## (b) Lightning path vs vectorised path, seeds 0-{check_setting['seeds'] - 1}, "
+          f"{check_setting['steps']} steps, float64\n")
     print("| arm | max abs diff of final x | diverged at step (Lightning) | diverged at step (vectorised) |")
     print("|---|---|---|---|")
     for arm, row in check.items():
         print(f"| {arm} | {row['max_abs_diff']:.3g} | {row['diverged_steps_lightning']} | "
               f"{row['diverged_steps_vectorised']} |")
-    print(f"\n## (c) MLP 64-64-10 on digits, {args.digits_seeds} seeds, {args.digits_epochs} epochs, constant lr\n")
-    print(table({arm: digits_metrics(result) for arm, result in digits.items()},
-                ["train_loss", "val_accuracy", "test_accuracy", "nonfinite", "failed"]))
+    print("\n## (c) MLP 64-64-10 on digits, constant lr\n")
+    print(table({arm: digits_metrics(result) for arm, result in digits.items()}, DIGITS_COLUMNS))
     for family, by_lr in digits_selection.items():
         for lr, row in by_lr.items():
             print(f"{family} at lr {lr}: chose {row['chosen']} on the validation split; candidates "
                   + ", ".join(f"{c} val {v:.3f} (test {t:.3f})" for c, v, t in
                               zip(row["candidates"], row["val_accuracy"], row["test_accuracy"])))
-
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    plot(synthetic, digits, out / "tamed_sgd.png")
-    config = {"benchmark_config": BENCHMARK_CONFIG, "digits_config": DIGITS_CONFIG, "steps": args.steps,
-              "check_steps": args.check_steps, "digits_seeds": args.digits_seeds, "digits_epochs": args.digits_epochs,
-              "digits_large_lrs": large_lrs, "digits_hidden_dim": 64, "start": START, "sigma_mult": SIGMA_MULT,
-              "sigma_add": SIGMA_ADD, "base_lr": BASE_LR, "n0": N0, "power": POWER, "std": "sample (ddof 1)",
-              "val_seeds": args.val_seeds, "synthetic_clip_grid": SYNTHETIC_CLIP_GRID,
-              "digits_clip_step_bounds": CLIP_STEP_BOUNDS, "digits_dissipative_grid_r_a": DISSIPATIVE_GRID,
-              "digits_selection_split": SELECTION_SPLIT, "smoke": args.smoke}
-    report = kit.write_result(PAPER, seeds=args.seeds, wall_s=time.time() - started, config=config, arms=arms,
-                              per_seed=per_run_values(synthetic, digits_runs), out=out, name="tamed_sgd",
-                              lightning_check=check, synthetic_clip_selection=clip_selection,
-                              digits_selection=digits_selection)
-    print(f"\nwrote {out / 'tamed_sgd.json'} and {out / 'tamed_sgd.png'} in {report['wall_s']:.0f} s")
-    return report
+    _DRAWN.update(synthetic=synthetic, digits=digits)
+    return {"arms": arms, "per_seed": per_seed, "lightning_check": check, "synthetic_clip_selection": clip_selection,
+            "digits_selection": digits_selection, "std": "sample (ddof 1)",
+            "paired": more_pairs(per_seed, settings.get("paired") or [])}
 
 
-if __name__ == "__main__":
-    main()
+def plot(result: dict, path) -> None:
+    """``<out>/tamed_sgd.png``: (a) trajectories, median gap and near-minimiser fraction, (c) the step losses."""
+    if not _DRAWN:
+        raise runner.ExperimentError("tamed_sgd's plot draws what its report computed; run the experiment")
+    draw(_DRAWN["synthetic"], _DRAWN["digits"], Path(path))
+
+
+def digits_run(arm: str, seed: int = 0, overrides: dict | None = None) -> tuple[dict[str, float], list[float]]:
+    """One digits arm of experiment.yaml (``arm`` without the ``digits/`` prefix) on ``seed``, with ``overrides``
+    after the experiment's, built, fitted and evaluated as the runner does, in a temporary folder: (metrics,
+    minibatch loss curve). For a single comparison (tests) without the whole grid."""
+    spec = runner.load_spec("tamed_sgd")
+    source = next((a for a in spec.arms if a.name == f"digits/{arm}"), None)
+    if source is None:
+        raise runner.ExperimentError(f"no arm digits/{arm} in configs/tamed_sgd/experiment.yaml")
+    spec.set_overrides = dict(overrides or {})
+    with tempfile.TemporaryDirectory(prefix="tamed_sgd_run_") as root, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # few batches vs log_every_n_steps, a NaN loss
+        run = runner.Run(spec, source, None, seed, Path(root), Path(root))
+        metrics = runner.execute(run, evaluate)
+    return metrics, run.extra["curve"]
+
+
+if __name__ == "__main__":  # the older spelling: python -m experiments.tamed_sgd [runner flags]
+    import sys
+
+    sys.exit(runner.experiment_command(["tamed_sgd", *sys.argv[1:]]))

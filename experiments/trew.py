@@ -1,87 +1,62 @@
-"""Reproduce TREW's central claim at small scale: ``python -m experiments.trew`` (digits, CPU).
+"""Reproduce TREW's central claim at small scale: ``python -m experiments trew`` (digits, CPU; or ``icml26 experiment
+trew``; ``python -m experiments.trew`` still works).
 
 Claim (arXiv 2506.20893): class-unlearning methods leave the forget class's inputs with a predictive
 distribution unlike a retrained model's, which a neighbour-class attack (CMIA) detects; TREW, which matches
 a similarity-tilted version of the original distribution, gets closest to retraining.
 
-Protocol per seed (the real modules, built from the configs the CLI runs and trained with Lightning):
-1. the original ``ImageClassifier`` (MLP 64-128-10, Adam 1e-3, 40 epochs) on all digits:
-   ``configs/trew/classifier_quick.yaml``;
+The protocol is ``configs/trew/experiment.yaml``, run by `experiments.runner`: every model is an arm built as
+``python train.py fit`` builds it (the configs' trainers and callbacks), the seed S driving the data split of every
+run. Per seed:
+1. the original ``ImageClassifier`` (MLP 64-128-10, Adam 1e-3, 40 epochs, no validation during training) on all
+   digits: ``configs/trew/classifier_quick.yaml``, model seed S;
 2. four retrained models without the forget class (``configs/trew/retrain_quick.yaml``, the same recipe, each
-   with its own seed, `MODEL_SEEDS`): R, the reference every test metric compares with; R2, a second retrain
-   compared with R (the *floor* any method can hope for); A, the CMIA attacker's shadow model; and S, the
-   *selection* model: every arm's hyper-parameters are chosen by the mean total-variation distance to S on the
-   validation forget inputs, so that selection reads neither the test inputs nor the model R the test metric
-   compares with;
-3. unlearning runs from the original (``ClassUnlearning`` from ``configs/trew/quick.yaml``, ``init_from`` the
-   original; the experiment sets the method, learning rate, forget weight and the TREW callback's arguments).
-   Every run validates after each epoch against S (``reference_from``) and keeps its best epoch, so the number
-   of epochs is read off the run. Every selected arm picks from the same number of (configuration, epoch)
-   points, 125 at the defaults (`grid_points`):
+   with its own model seed, the arm's ``seed_offset``: S + 1000 / 2000 / 3000 / 4000): R, the reference every test
+   metric compares with; R2, a second retrain compared with R (the *floor* any method can hope for); A, the CMIA
+   attacker's shadow model; and S, the *selection* model: every arm's hyper-parameters are chosen by the mean
+   total-variation distance to S on the validation forget inputs, so that selection reads neither the test inputs
+   nor the model R the test metric compares with;
+3. unlearning runs (``row: false`` arms: grid points) from the original (``ClassUnlearning`` from
+   ``configs/trew/quick.yaml``; `prepare` sets ``init_from`` to the original's checkpoint and ``reference_from`` to
+   S's; the arm sets the method, learning rate, forget weight, epochs and the TREW callback's arguments). Every run
+   validates after each epoch against S and its ModelCheckpoint (``monitor: val/tv_to_reference``, mode min, the
+   arm's ``trainer.callbacks``) keeps its best epoch, so the number of epochs is read off the run. Every selected
+   arm picks from the same number of (configuration, epoch) points, 125 (`grid_points`):
    TREW, per similarity (the paper's weights; the original model's confusions): beta x T (24 + beta = 0) at
    the config's learning rate 1e-3, epochs 1-5; FT: learning rate (5 values), epochs 1-25 (FT has no other
    knob, so its runs are longer: the same points and the same training epochs); NegGrad+: learning rate x
    ascent weight (5 x 5), epochs 1-5; RL: learning rate x random-label weight (5 x 5), epochs 1-5.
-   Fixed arms read off the same runs: FT, NegGrad+ (ascent weight 0.1) and RL as first hand-set (Adam 1e-3,
-   5 epochs), TREW at the paper default (weights, beta 10, T 0.1, 5 epochs), and the beta = 0 ablation (its
-   epoch read off on validation like every grid point);
+   Fixed arms are a run's final state: FT (a 5-epoch run at Adam 1e-3: the first 5 epochs of the 25-epoch run),
+   NegGrad+ (ascent weight 0.1) and RL as first hand-set (Adam 1e-3, 5 epochs), TREW at the paper default
+   (weights, beta 10, T 0.1, 5 epochs); the beta = 0 ablation has its epoch read off on validation like every
+   grid point (experiment.yaml ``settings.rows``);
 4. metrics on held-out data: forget / retain test accuracy, forget-train accuracy, MIA efficacy, TV to R on
    test forget inputs, CMIA detection rate and its gap to R; and the validation criterion (TV to S).
 
-Writes ``results/trew.json`` (with ``chosen``: every selected arm's configuration per seed) and
-``results/trew.png``, prints a markdown table (mean ± std over seeds). Classifiers are seeded with seed +
-`MODEL_SEEDS` offsets, every unlearning run with seed.
+This module holds what is not configuration: `prepare` (the checkpoints an unlearning run starts from and
+validates against), `evaluate` (the `Evaluator`'s metrics of the original and the floor; for a grid point, its best
+epoch and score, checked against the evaluator's TV to S, and the rows of ``settings.rows`` once their runs are
+done), `report` (``chosen``: every selected arm's configuration per seed; ``grid_points``; the tables) and `plot`.
+Writes ``results/trew.json`` and ``results/trew.png``, prints a markdown table (mean ± std over seeds).
 """
 from __future__ import annotations
 
 import copy
-import itertools
-import logging
-import os
-import sys
-import tempfile
-import time
-from dataclasses import dataclass, field
 
 import torch
 
-from callbacks.trew import TREWReweighting
-from experiments import kit
+from experiments import runner
 from lightning_modules.trew.trew import (CMIAttack, mia_efficacy, neighbour_classes, predict_probabilities,
                                          total_variation)
 
-CLASSIFIER_CONFIG = "configs/trew/classifier_quick.yaml"   # stage 1: the original
-RETRAIN_CONFIG = "configs/trew/retrain_quick.yaml"         # the same without the forget class: R, R2, A, S
-UNLEARN_CONFIG = "configs/trew/quick.yaml"                 # stage 2: ClassUnlearning from the original
-
-# seed offsets of the classifiers trained per seed; every retrained model has its own
-MODEL_SEEDS = {"original": 0, "reference": 1000, "floor": 2000, "shadow": 3000, "selection": 4000}
-SELECTION_MONITOR = "val/tv_to_reference"   # ClassUnlearning's TV to its `reference_from` (here S) on val forget
-
-BETA_GRID = (0.0, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
-TEMPERATURE_GRID = (0.1, 0.3, 1.0, 3.0)
-LR_GRID = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
-NEGGRAD_WEIGHT_GRID = (0.01, 0.03, 0.1, 0.3, 1.0)
-RL_WEIGHT_GRID = (0.1, 0.3, 1.0, 3.0, 10.0)
-HAND_SET = {"lr": 1e-3, "neggrad_weight": 0.1, "rl_weight": 1.0}   # the fixed baselines of the first version
 METRICS = ("forget_acc", "retain_acc", "forget_train_acc", "mia_efficacy", "tv_to_retrain", "cmia_rate",
            "cmia_gap", "val_tv_to_selection")
+SELECTION_MONITOR = "val/tv_to_reference"   # ClassUnlearning's TV to its `reference_from` (here S) on val forget
+ROLES = ("original", "reference", "shadow", "selection", "floor")   # settings.classifiers: role -> arm name
 
-
-def fit(model, datamodule, epochs: int, callbacks=()) -> torch.nn.Module:
-    trainer = kit.quiet_trainer(callbacks, max_epochs=epochs, deterministic=True, limit_val_batches=0)
-    trainer.fit(model, datamodule=datamodule)
-    return model.eval()
-
-
-def train_classifier(seed: int, data_seed: int, forget_class: int, epochs: int, retain_only: bool):
-    """The config's ImageClassifier, seeded with `seed`, on digits split by `data_seed`; returns (model, data).
-
-    ``retain_only`` starts from ``retrain_quick.yaml`` (train without the forget class), as the CLI does."""
-    model, data = kit.from_config(RETRAIN_CONFIG if retain_only else CLASSIFIER_CONFIG, f"--seed_everything={seed}",
-                                  f"--data.init_args.forget_class={forget_class}", f"--data.init_args.seed={data_seed}")
-    data.setup("fit")
-    return fit(model, data, epochs), data
+# the seed in progress: its evaluator, grid points and emitted rows (the runner runs the arms of a seed in order,
+# one seed after the other)
+_SEED: dict = {"key": None}
 
 
 class Evaluator:
@@ -140,162 +115,6 @@ class Evaluator:
         }
 
 
-class EpochReadOff(kit.KeepBest):
-    """`kit.KeepBest` on the lowest validation criterion that also knows the epoch (1-based) of the kept state,
-    every epoch's score, and a copy of the state after ``snapshot_epoch`` (a fixed-length arm read off the same
-    run)."""
-
-    def __init__(self, monitor: str = SELECTION_MONITOR, snapshot_epoch: int | None = None) -> None:
-        super().__init__(monitor, mode="min")
-        self.snapshot_epoch = snapshot_epoch
-        self.best_epoch: int | None = None
-        self.scores: list[float] = []
-        self.snapshot: dict[str, torch.Tensor] | None = None
-
-    def on_validation_end(self, trainer, pl_module) -> None:
-        kept = self.best_state
-        super().on_validation_end(trainer, pl_module)
-        if trainer.sanity_checking or self.monitor not in trainer.callback_metrics:
-            return
-        epoch = trainer.current_epoch + 1
-        self.scores.append(float(trainer.callback_metrics[self.monitor]))
-        if self.best_state is not kept:
-            self.best_epoch = epoch
-        if epoch == self.snapshot_epoch:
-            self.snapshot = {k: v.detach().to("cpu", copy=True) for k, v in pl_module.state_dict().items()}
-
-
-@dataclass
-class Run:
-    """One unlearning run: the model at its best validation epoch, that epoch and score, its configuration."""
-    model: torch.nn.Module
-    val_tv: float
-    epoch: int
-    config: dict
-    snapshot: dict | None = field(default=None, repr=False)
-
-    def chosen(self) -> dict:
-        return {**self.config, "epochs": self.epoch}
-
-    def snapshot_model(self) -> torch.nn.Module:
-        model = copy.deepcopy(self.model)
-        model.load_state_dict(self.snapshot)
-        return model.eval()
-
-
-def unlearn(method: str, checkpoint: str, selection_checkpoint: str, data, forget_class: int, epochs: int,
-            seed: int, lr: float, forget_weight: float = 1.0, snapshot_epoch: int | None = None,
-            **trew_args) -> Run:
-    """``configs/trew/quick.yaml``'s ClassUnlearning with this run's method, learning rate and forget weight, from
-    `checkpoint`, trained on `data` for `epochs` epochs, validated after each against the selection model
-    (``reference_from=selection_checkpoint``); the returned model holds the best epoch's weights. The config's
-    TREW callback is replaced by one with this run's beta, T and similarity."""
-    model, _ = kit.from_config(UNLEARN_CONFIG, f"--seed_everything={seed}", f"--model.init_args.method={method}",
-                               f"--model.init_args.forget_class={forget_class}",
-                               f"--model.init_args.forget_weight={forget_weight}",
-                               f"--model.init_args.optimizer.init_args.lr={lr}",
-                               f"--model.init_args.init_from={checkpoint}",
-                               f"--model.init_args.reference_from={selection_checkpoint}",
-                               f"--data.init_args.forget_class={forget_class}", f"--data.init_args.seed={seed}")
-    readoff = EpochReadOff(snapshot_epoch=snapshot_epoch)
-    callbacks = [TREWReweighting(**trew_args)] if method == "trew" else []
-    trainer = kit.quiet_trainer([*callbacks, readoff], max_epochs=epochs, deterministic=True)
-    trainer.fit(model, datamodule=data)
-    readoff.restore(model)
-    config = {"lr": lr} if method == "finetune" else {"lr": lr, "forget_weight": forget_weight}
-    if method == "trew":
-        config.update(similarity=trew_args["similarity"], beta=trew_args["beta"],
-                      temperature=trew_args["temperature"])
-    return Run(model.eval(), readoff.best_score, readoff.best_epoch, config, readoff.snapshot)
-
-
-def trew_grid(source: str, beta_grid, temperature_grid) -> list[tuple[str, float, float]]:
-    """TREW's candidates for one similarity source: beta = 0 (which ignores the similarity and T) and
-    every (beta > 0, T)."""
-    return [("weights", 0.0, 1.0)] + [(source, beta, t) for beta, t in itertools.product(beta_grid[1:],
-                                                                                          temperature_grid)]
-
-
-def grid_points(args) -> dict[str, int]:
-    """(configuration, epoch) points every selected arm chooses from."""
-    trew = len(trew_grid("weights", args.beta_grid, args.temperature_grid)) * args.unlearn_epochs
-    return {"TREW weights similarity": trew, "TREW confusion similarity": trew,
-            "FT": len(args.lr_grid) * args.ft_epochs,
-            "NegGrad+": len(args.lr_grid) * len(args.neggrad_weight_grid) * args.unlearn_epochs,
-            "RL": len(args.lr_grid) * len(args.rl_weight_grid) * args.unlearn_epochs}
-
-
-def select(runs: list[Run]) -> Run:
-    """The run with the lowest validation TV to S (the first in grid order on ties)."""
-    return min(runs, key=lambda run: run.val_tv)
-
-
-def run_seed(seed: int, args) -> tuple[dict[str, dict[str, float]], dict[str, dict]]:
-    """Every arm on one seed: ``({arm: metrics}, {selected arm: chosen configuration})``."""
-    f, epochs = args.forget_class, args.original_epochs
-
-    def classifier(role: str):
-        return train_classifier(seed + MODEL_SEEDS[role], seed, f, epochs, retain_only=role != "original")[0]
-
-    original, data_all = train_classifier(seed + MODEL_SEEDS["original"], seed, f, epochs, retain_only=False)
-    reference, second_retrain, shadow, selection = (classifier(role) for role in
-                                                    ("reference", "floor", "shadow", "selection"))
-    evaluator = Evaluator(data_all, reference, shadow, selection, f, seed)
-    hand, short = HAND_SET, args.unlearn_epochs
-
-    with tempfile.TemporaryDirectory() as tmp:
-        checkpoint, selection_checkpoint = os.path.join(tmp, "original.ckpt"), os.path.join(tmp, "selection.ckpt")
-        torch.save({"state_dict": original.state_dict()}, checkpoint)
-        torch.save({"state_dict": selection.state_dict()}, selection_checkpoint)
-
-        def run(method: str, run_epochs: int = short, **kwargs) -> Run:
-            result = unlearn(method, checkpoint, selection_checkpoint, data_all, f, run_epochs, seed, **kwargs)
-            check = evaluator.validation_tv(result.model)
-            if abs(check - result.val_tv) > 1e-4:  # the in-training criterion must be the evaluator's (TV to S)
-                raise RuntimeError(f"validation criterion {result.val_tv} != TV to the selection model {check}")
-            return result
-
-        results = {"original": evaluator.metrics(original),
-                   "retrain (2nd seed, floor)": evaluator.metrics(second_retrain)}
-        chosen: dict[str, dict] = {}
-        lr_hand = args.lr_grid.index(hand["lr"])
-        ft = [run("finetune", args.ft_epochs, lr=lr, snapshot_epoch=short if lr == hand["lr"] else None)
-              for lr in kit.progress(args.lr_grid, f"seed {seed} FT grid")]
-        neggrad = [run("neggrad_plus", lr=lr, forget_weight=w, snapshot_epoch=short)
-                   for lr, w in kit.progress(list(itertools.product(args.lr_grid, args.neggrad_weight_grid)),
-                                             f"seed {seed} NegGrad+ grid")]
-        rl = [run("random_labels", lr=lr, forget_weight=w, snapshot_epoch=short)
-              for lr, w in kit.progress(list(itertools.product(args.lr_grid, args.rl_weight_grid)),
-                                        f"seed {seed} RL grid")]
-        hand_runs = {
-            "FT": ft[lr_hand],
-            "NegGrad+": neggrad[lr_hand * len(args.neggrad_weight_grid)
-                                + args.neggrad_weight_grid.index(hand["neggrad_weight"])],
-            "RL": rl[lr_hand * len(args.rl_weight_grid) + args.rl_weight_grid.index(hand["rl_weight"])],
-        }
-        for name, runs in (("FT", ft), ("NegGrad+", neggrad), ("RL", rl)):
-            results[f"{name} hand-set"] = evaluator.metrics(hand_runs[name].snapshot_model())
-            best = select(runs)
-            results[f"{name} val-selected"] = evaluator.metrics(best.model)
-            chosen[f"{name} val-selected"] = best.chosen()
-
-        keys = dict.fromkeys(key for source in ("weights", "confusion")   # beta = 0 is shared: run once
-                             for key in trew_grid(source, args.beta_grid, args.temperature_grid))
-        trew = {key: run("trew", lr=hand["lr"], beta=key[1], temperature=key[2], similarity=key[0],
-                         snapshot_epoch=short) for key in kit.progress(keys, f"seed {seed} TREW grid")}
-        results["diagnostic: similarity vs retrained"] = similarity_diagnostic(original, evaluator, f)
-        results["TREW paper default (beta 10, T 0.1)"] = evaluator.metrics(
-            trew[("weights", 10.0, 0.1)].snapshot_model())
-        for source in ("weights", "confusion"):
-            best = select([trew[key] for key in trew_grid(source, args.beta_grid, args.temperature_grid)])
-            results[f"TREW {source} similarity, val-selected"] = evaluator.metrics(best.model)
-            chosen[f"TREW {source} similarity, val-selected"] = best.chosen()
-        beta0 = trew[("weights", 0.0, 1.0)]
-        results["TREW beta 0 (ablation)"] = evaluator.metrics(beta0.model)
-        chosen["TREW beta 0 (ablation)"] = beta0.chosen()
-    return results, chosen
-
-
 def similarity_diagnostic(original, evaluator: Evaluator, forget_class: int) -> dict[str, float]:
     """Does TREW's weight similarity point where a retrained model sends forget inputs?
 
@@ -325,7 +144,7 @@ def markdown_table(arms: dict) -> str:
     header = "| arm | " + " | ".join(METRICS) + " |"
     lines = [header, "|" + "---|" * (len(METRICS) + 1)]
     for arm, metrics in arms.items():
-        if arm.startswith("diagnostic"):
+        if arm.startswith("diagnostic") or not all(m in metrics for m in METRICS):
             continue
         cells = [f"{metrics[m]['mean']:.3f} ± {metrics[m]['std']:.3f}" if "tv" in m
                  else f"{metrics[m]['mean']:.1f} ± {metrics[m]['std']:.1f}" for m in METRICS]
@@ -333,7 +152,8 @@ def markdown_table(arms: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(arms: dict, path: str) -> None:
+def draw(arms: dict, path: str) -> None:
+    """TV to R, CMIA gap and retain accuracy per reported arm (mean ± std over seeds)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -355,64 +175,192 @@ def plot(arms: dict, path: str) -> None:
                  "validation TV to a separate retrained model)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
-def parse_args(argv: list[str] | None = None):
-    """The command line, with every arm's grid attached (tiny grids under ``--smoke``)."""
-    parser = kit.experiment_parser(__doc__.splitlines()[0], seeds=5)
-    parser.add_argument("--forget-class", type=int, default=8)
-    parser.add_argument("--original-epochs", type=int, default=40)
-    parser.add_argument("--unlearn-epochs", type=int, default=5,
-                        help="epochs of TREW, NegGrad+ and RL runs (read off on validation); the hand-set length")
-    parser.add_argument("--ft-epochs", type=int, default=25,
-                        help="epochs of FT runs (FT tunes only the learning rate: same points, same compute)")
-    args = parser.parse_args(argv)
-    args.beta_grid, args.temperature_grid = BETA_GRID, TEMPERATURE_GRID
-    args.lr_grid, args.neggrad_weight_grid, args.rl_weight_grid = LR_GRID, NEGGRAD_WEIGHT_GRID, RL_WEIGHT_GRID
-    if args.smoke:  # the pipeline in seconds: 1-epoch models, 2 points per selected arm
-        args.original_epochs, args.unlearn_epochs, args.ft_epochs = 1, 1, 2
-        args.beta_grid, args.temperature_grid = (0.0, 10.0), (0.1,)
-        args.lr_grid, args.neggrad_weight_grid, args.rl_weight_grid = (HAND_SET["lr"],), (0.1, 1.0), (1.0, 3.0)
-    return args
+def classifiers(spec) -> dict[str, str]:
+    """experiment.yaml's ``settings.classifiers`` (role -> arm), checked: every role names an arm that runs before
+    the unlearning arms."""
+    roles = dict(spec.settings.get("classifiers") or {})
+    names = [arm.name for arm in spec.arms]
+    missing = [role for role in ROLES if roles.get(role) not in names]
+    if missing:
+        raise runner.ExperimentError(f"{spec.path}: settings.classifiers must name an arm for each of {list(ROLES)}; "
+                                     f"{missing} name none")
+    last = max(names.index(roles[role]) for role in ROLES)
+    if any(name not in roles.values() for name in names[:last]):
+        raise runner.ExperimentError(f"{spec.path}: list the classifier arms {sorted(roles.values())} before the "
+                                     "unlearning arms (these start from the original and validate against S)")
+    return roles
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    kit.quiet_single_thread()
-    logging.getLogger("lightning_modules").setLevel(logging.ERROR)  # init_from reports, once per run
-    logging.getLogger("callbacks").setLevel(logging.ERROR)
+def members(spec, row: dict) -> list[str]:
+    """The arms a ``settings.rows`` entry reads, in the order of ``arms``: ``final`` (one arm) or ``select`` (each
+    entry an arm name, or a prefix ending in a space or a comma and space that arm names start with)."""
+    if row.get("diagnostic"):
+        return []
+    if "final" in row:
+        return [arm.name for arm in spec.arms if arm.name == row["final"]]
+    patterns = row.get("select") or []
+    return [arm.name for arm in spec.arms
+            if any(arm.name == p or (p.endswith(" ") and arm.name.startswith(p)) for p in patterns)]
 
-    start = time.time()
-    per_seed, chosen = [], {}
-    for seed in kit.progress(range(args.seeds), "seeds"):
-        metrics, picks = run_seed(seed, args)
-        print(f"seed {seed} done, {time.time() - start:.0f} s", file=sys.stderr, flush=True)
-        per_seed.append(metrics)
-        for arm, pick in picks.items():
-            chosen.setdefault(arm, []).append(pick)
-    arms = kit.summarise(per_seed)
-    config = {"classifier_config": CLASSIFIER_CONFIG, "retrain_config": RETRAIN_CONFIG,
-              "unlearn_config": UNLEARN_CONFIG, "forget_class": args.forget_class,
-              "original_epochs": args.original_epochs, "unlearn_epochs": args.unlearn_epochs,
-              "ft_epochs": args.ft_epochs, "model_seed_offsets": MODEL_SEEDS, "hand_set": HAND_SET,
-              "selection": "lowest mean TV to the selection model S (seed + 4000) on validation forget inputs, "
-                           "over (configuration, epoch); test metrics compare with R (seed + 1000)",
-              "beta_grid": args.beta_grid, "temperature_grid": args.temperature_grid, "lr_grid": args.lr_grid,
-              "neggrad_weight_grid": args.neggrad_weight_grid, "rl_weight_grid": args.rl_weight_grid,
-              "grid_points": grid_points(args), "smoke": args.smoke}
-    result = kit.write_result("TREW / CMIA (arXiv 2506.20893)", seeds=args.seeds, wall_s=time.time() - start,
-                              config=config, arms=arms, per_seed=per_seed, out=args.out, name="trew",
-                              chosen=chosen)
-    plot(arms, os.path.join(args.out, "trew.png"))
-    print(markdown_table(arms))
-    print(f"\nwall {result['wall_s']:.0f} s")
+
+def check_rows(spec) -> list[dict]:
+    rows = list(spec.settings.get("rows") or [])
+    for row in rows:
+        kinds = [k for k in ("final", "select", "diagnostic") if row.get(k)]
+        if not row.get("name") or len(kinds) != 1 or set(row) - {"name", "final", "select", "diagnostic"}:
+            raise runner.ExperimentError(f"{spec.path}: settings.rows entry {row} needs a name and one of final "
+                                         "(an arm), select (arm names or prefixes) or diagnostic: true")
+    return rows
+
+
+def grid_points(spec) -> dict[str, int]:
+    """(configuration, epoch) points every selected row of ``settings.rows`` chooses from: the sum of its runs'
+    ``trainer.max_epochs`` (the configuration's 5 where the arm does not set it)."""
+    def epochs(name: str) -> int:
+        arm = next(a for a in spec.arms if a.name == name)
+        return int({**spec.overrides, **arm.overrides, **spec.smoke_overrides, **arm.smoke_overrides}.get(
+            "trainer.max_epochs", 5))
+
+    return {row["name"]: sum(epochs(m) for m in members(spec, row)) for row in check_rows(spec) if "select" in row}
+
+
+def _seed_state(run) -> dict:
+    key = (id(run.spec), run.seed, run.variant.name if run.variant else "")
+    if _SEED["key"] != key:
+        _SEED.clear()
+        _SEED.update(key=key, roles=classifiers(run.spec), rows=check_rows(run.spec), runs={}, emitted=0,
+                     evaluator=None, original=None)
+    return _SEED
+
+
+def prepare(run) -> dict:
+    """An unlearning run starts from the seed's original (``init_from``) and validates against its selection model
+    S (``reference_from``): the checkpoints of those earlier runs. Classifiers need nothing."""
+    roles = classifiers(run.spec)
+    if run.arm.name in roles.values():
+        return {}
+    original, selection = run.earlier.get(roles["original"]), run.earlier.get(roles["selection"])
+    paths = [r.best_checkpoint() if r is not None else None for r in (original, selection)]
+    if None in paths:
+        raise runner.ExperimentError(f"{run.arm.name}: no checkpoint of {roles['original']!r} / {roles['selection']!r} "
+                                     "from this seed; those arms must run (and save a checkpoint) first")
+    return {"model.init_args.init_from": paths[0], "model.init_args.reference_from": paths[1]}
+
+
+def run_config(run) -> dict:
+    """The unlearning run's configuration as ``chosen`` reports it: lr (and forget weight; TREW's similarity, beta,
+    T)."""
+    from callbacks.trew import TREWReweighting
+
+    init = run.cli.config["model"]["init_args"]
+    config = {"lr": float(init["optimizer"]["init_args"]["lr"])}
+    if init["method"] != "finetune":
+        config["forget_weight"] = float(init["forget_weight"])
+    trew = next((c for c in run.trainer.callbacks if isinstance(c, TREWReweighting)), None)
+    if init["method"] == "trew" and trew is not None:
+        config.update(similarity=trew.similarity_source, beta=float(trew.beta), temperature=float(trew.temperature))
+    return config
+
+
+def evaluate(run) -> dict[str, float]:
+    """The original and the floor: the `Evaluator`'s metrics (R, A and S are only read). A grid point: its final
+    state's metrics when a ``final`` row reads it, then its best epoch (the config's ModelCheckpoint on
+    ``val/tv_to_reference``), whose score must be the evaluator's TV to S; then every ``settings.rows`` entry whose
+    runs are all done, in order, as derived arms."""
+    state = _seed_state(run)
+    roles = state["roles"]
+    name = run.arm.name
+    if name in (roles["reference"], roles["shadow"], roles["selection"]):
+        return {}
+    model = run.model.eval()
+    if name == roles["original"]:
+        earlier = {role: run.earlier[roles[role]].model.eval() for role in ("reference", "shadow", "selection")}
+        forget_class = run.datamodule.hparams.forget_class
+        state.update(original=model, evaluator=Evaluator(run.datamodule, earlier["reference"], earlier["shadow"],
+                                                         earlier["selection"], forget_class, run.seed))
+    evaluator = state["evaluator"]
+    if evaluator is None:
+        raise runner.ExperimentError(f"{name}: the original ({roles['original']!r}) must run before it")
+    if name in (roles["original"], roles["floor"]):
+        return evaluator.metrics(model)
+    record = {"config": run_config(run)}
+    if any(row.get("final") == name for row in state["rows"]):
+        record["final"] = evaluator.metrics(model)  # the last epoch: a hand-set arm
+    callback = next((c for c in run.trainer.checkpoint_callbacks if getattr(c, "monitor", None) == SELECTION_MONITOR),
+                    None)
+    if callback is None or callback.best_model_score is None:
+        raise runner.ExperimentError(f"{name}: no ModelCheckpoint(monitor={SELECTION_MONITOR}) with a score; trew's "
+                                     "unlearning arms need one in trainer.callbacks and reference_from set")
+    record["epoch"] = int(torch.load(callback.best_model_path, map_location="cpu", weights_only=False)["epoch"]) + 1
+    record["val_tv"] = float(callback.best_model_score)
+    run.load_best()
+    model = run.model.eval()
+    check = evaluator.validation_tv(model)
+    if abs(check - record["val_tv"]) > 1e-4:  # the in-training criterion must be the evaluator's (TV to S)
+        raise RuntimeError(f"validation criterion {record['val_tv']} != TV to the selection model {check}")
+    record["state"] = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+    state["runs"][name] = record
+    emit_rows(run, state)
+    return {}
+
+
+def select(records: list[dict]) -> dict:
+    """The run with the lowest validation TV to S (the first in arm order on ties)."""
+    return min(records, key=lambda record: record["val_tv"])
+
+
+def emit_rows(run, state: dict) -> None:
+    """Add to ``run.derived`` every ``settings.rows`` entry whose runs are done, in order (a row whose runs this
+    experiment lacks, e.g. in a smoke run, is left out); the selected rows' choices go to ``run.extra``."""
+    rows, evaluator = state["rows"], state["evaluator"]
+    while state["emitted"] < len(rows):
+        row = rows[state["emitted"]]
+        names = members(run.spec, row)
+        if any(name not in state["runs"] for name in names):
+            return
+        state["emitted"] += 1
+        if row.get("diagnostic"):
+            run.derived[row["name"]] = similarity_diagnostic(state["original"], evaluator,
+                                                             evaluator.forget_class)
+        elif not names:
+            continue
+        elif "final" in row:
+            run.derived[row["name"]] = state["runs"][names[0]]["final"]
+        else:
+            best = select([state["runs"][name] for name in names])
+            model = copy.deepcopy(run.model)
+            model.load_state_dict(best["state"])
+            run.derived[row["name"]] = evaluator.metrics(model.eval())
+            run.extra.setdefault("chosen", {})[row["name"]] = {**best["config"], "epochs": best["epoch"]}
+
+
+def report(result: dict, records: list[dict], spec) -> dict:
+    """``chosen`` ({selected arm: its configuration and epochs per seed}) and ``grid_points``; prints the table."""
+    chosen: dict[str, list] = {}
+    for seed in records:
+        for extra in seed.get("", {}).values():
+            for arm, pick in extra.get("chosen", {}).items():
+                chosen.setdefault(arm, []).append(pick)
+    order = [row["name"] for row in check_rows(spec)]
+    chosen = {arm: chosen[arm] for arm in order if arm in chosen}
+    print(markdown_table(result["arms"]))
     for arm, picks in chosen.items():
         print(f"{arm}: chosen per seed {picks}")
-    diagnostic = arms["diagnostic: similarity vs retrained"]
-    print("similarity diagnostic (mean ± std): " + ", ".join(
-        f"{k} {v['mean']:.2f} ± {v['std']:.2f}" for k, v in diagnostic.items()))
-    return result
+    diagnostic = result["arms"].get("diagnostic: similarity vs retrained")
+    if diagnostic:
+        print("similarity diagnostic (mean ± std): " + ", ".join(
+            f"{k} {v['mean']:.2f} ± {v['std']:.2f}" for k, v in diagnostic.items()))
+    return {"chosen": chosen, "grid_points": grid_points(spec)}
 
 
-if __name__ == "__main__":
-    main()
+def plot(result: dict, path) -> None:
+    draw(result["arms"], str(path))
+
+
+if __name__ == "__main__":  # the older spelling: python -m experiments.trew [runner flags]
+    import sys
+
+    sys.exit(runner.experiment_command(["trew", *sys.argv[1:]]))

@@ -47,6 +47,16 @@ def tiny(**extra) -> dict:
     ({"smoke": {"sizes": {}}}, r"smoke: unknown key\(s\) \['sizes'\]"),
     ({"variants": {"v": {"group": "arms"}}}, "group must be a name other than"),
     ({"arms": {"tamed": {"fit": "yes"}}}, "fit must be true or false"),
+    ({"arms": {"tamed": {"row": 0}, "plain": {}}}, "tamed.row must be true or false"),
+    ({"arms": {"tamed": {"seed_offset": -1}}}, r"seed_offset must be an integer >= 0 \(the model seed"),
+    ({"arms": {"tamed": {"seed_offset": 1.5}}}, "seed_offset must be an integer"),
+    ({"arms": {"tamed": {"seeds": 0}}}, r"tamed.seeds must be a positive integer \(the arm runs on seeds"),
+    ({"arms": {"tamed": {"row": False}}, "baseline": None}, "every arm says row: false"),
+    ({"arms": {"tamed": {}, "plain": {"row": False}}}, "baseline arm 'plain' says row: false"),
+    ({"prepare": "experiments.trew.prepare"}, "prepare must be 'module:function'"),
+    ({"smoke": {"arms": ["nope"]}}, r"smoke.arms names unknown arms \['nope'\]"),
+    ({"smoke": {"arms": {"plain": {"override": {}}}}}, r"smoke.arms.plain: unknown key\(s\) \['override'\]"),
+    ({"smoke": {"arms": {"plain": {"overrides": {"seed_everything": 1}}}}}, "seed_everything is set by the runner"),
 ])
 def test_invalid_experiment_yaml_is_one_clear_error(tmp_path, change, message):
     with pytest.raises(runner.ExperimentError, match=message):
@@ -75,6 +85,25 @@ def test_smoke_overlay_and_flag_order(tmp_path):
     smoke = runner.load_spec("tiny", smoke=True, path=path)
     assert smoke.seeds == 1 and [v.name for v in smoke.variants] == ["big"] and smoke.settings == {"k": 1}
     assert runner.arm_flags(smoke, plain, smoke.variants[0])[2] == "--trainer.max_steps=2"  # smoke wins over all
+
+
+def test_smoke_arms_keep_a_subset_with_their_own_overrides_and_set_wins(tmp_path):
+    spec = tiny(arms={"tamed": {}, "plain": {"overrides": {"trainer.callbacks": []}}, "third": {}},
+                smoke={"overrides": {"trainer.max_steps": 2}, "arms": {"plain": {"overrides": {"trainer.max_steps": 3}},
+                                                                        "tamed": None}})
+    path = write(tmp_path, spec)
+    assert [arm.name for arm in runner.load_spec("tiny", path=path).arms] == ["tamed", "plain", "third"]
+    smoke = runner.load_spec("tiny", smoke=True, path=path)
+    assert [arm.name for arm in smoke.arms] == ["tamed", "plain"]  # the order of `arms`, not of smoke.arms
+    tamed, plain = smoke.arms
+    assert "--trainer.max_steps=2" in runner.arm_flags(smoke, tamed)
+    flags = runner.arm_flags(smoke, plain)
+    assert "--trainer.max_steps=3" in flags and "--trainer.max_steps=2" not in flags  # the smoke arm wins
+    smoke.set_overrides = {"trainer.max_steps": 9}
+    flags = runner.arm_flags(smoke, plain)
+    assert "--trainer.max_steps=9" in flags and "--trainer.max_steps=3" not in flags  # --set over every layer
+    listed = runner.load_spec("tiny", smoke=True, path=write(tmp_path, tiny(smoke={"arms": ["plain"]})))
+    assert [arm.name for arm in listed.arms] == ["plain"] and listed.arms[0].smoke_overrides == {}
 
 
 # ------------------------------------------------------------------------------------------- running
@@ -142,6 +171,48 @@ def test_cli_refusal_is_one_error(tmp_path, capsys):
     assert "max_stepz" in capsys.readouterr().err
 
 
+def prepare_from_earlier(run) -> dict:
+    """A prepare hook: the "follower" arm starts where the seed's "helper" run ended (an earlier run's result)."""
+    SEEN.append({"prepare": run.arm.name, "seed": run.seed, "earlier": list(run.earlier)})
+    if run.arm.name != "follower":
+        return {}
+    helper = run.earlier["helper"]
+    return {"model.init_args.start": [float(v) for v in helper.model.x.detach()]}
+
+
+def replacing_report(result: dict, records: list[dict], spec) -> dict:
+    """A report that takes the spec and replaces the rows: a row computed without a Lightning run."""
+    rows = [dict(row, computed={"f": 2.0 + seed}) for seed, row in enumerate(result["per_seed"])]
+    return {"per_seed": rows, "arms": {**result["arms"], "computed": kit.summarise(rows)["computed"]},
+            "spec_name": spec.name}
+
+
+def test_seed_offsets_fewer_seeds_helper_runs_earlier_runs_and_hook_rows(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    SEEN.clear()
+    spec = tiny(arms={"helper": {"seed_offset": 1000, "seeds": 1, "row": False},
+                      "follower": {"overrides": {"trainer.max_steps": 1}, "seeds": 1},
+                      "plain": {"overrides": {"trainer.callbacks": []}, "seed_offset": 7}},
+                prepare="test_runner:prepare_from_earlier", evaluate="test_runner:record_seeds",
+                report="test_runner:replacing_report", metrics=["f"], baseline="plain")
+    result = runner.run_experiment("tiny", spec_path=write(tmp_path, spec), out=tmp_path / "out")
+    runs = [s for s in SEEN if "arm" in s]
+    assert [(s["arm"], s["seed"]) for s in runs] == [("helper", 0), ("follower", 0), ("plain", 0), ("plain", 1)]
+    assert [s["earlier"] for s in SEEN if "prepare" in s] == [[], ["helper"], ["helper", "follower"], []]
+    offsets = {"helper": 1000, "follower": 0, "plain": 7}
+    for seen in runs:  # the model seed carries the arm's offset, the data seed is the seed
+        assert seen["config_seed"] == seen["seed"] + offsets[seen["arm"]] and seen["data_seed"] == seen["seed"]
+    # no row for the helper; the follower only on seed 0; the report's own row and table replace the runner's
+    assert [sorted(row) for row in result["per_seed"]] == [["computed", "follower", "plain"], ["computed", "plain"]]
+    assert list(result["arms"]) == ["follower", "plain", "computed"] and result["spec_name"] == "tiny"
+    assert result["arms"]["computed"]["f"] == {"mean": 2.5, "std": 0.5}
+    assert result["paired"]["computed - plain"]["f"]["n"] == 2 and "follower - plain" in result["paired"]
+    # the follower started where the helper ended: one step from there, not from the config's start
+    helper_end = result["config"]["arms"]["helper"]
+    assert helper_end[-3:] == ["(model seed S + 1000, data seed S)", "(seeds 0-0 only)", "(no row: read by the hooks)"]
+    assert result["per_seed"][0]["follower"]["f"] < result["per_seed"][0]["plain"]["f"]
+
+
 # ------------------------------------------------------------------------------------------- statistics
 def test_paired_interval_on_hand_values():
     per_seed = [{"b": {"m": 0.0}, "a": {"m": 1.0}}, {"b": {"m": 1.0}, "a": {"m": 3.0}},
@@ -181,12 +252,14 @@ def test_help_lists_the_flags(capsys):
 def test_a_paper_whose_experiment_is_still_a_script_runs_it_with_the_same_flags(monkeypatch, tmp_path):
     """``icml26 experiment NAME`` for every paper: without an experiment.yaml the script's main gets --smoke,
     --seeds and --out; flags only the runner has are refused in one line."""
-    import experiments.tamed_sgd as script
+    import importlib
 
+    name = next(p.stem for p in sorted((kit.REPO_ROOT / "experiments").glob("*.py"))  # a script not yet converted
+                if p.stem in ("knapsack_rl", "dars", "phyb", "rsir") and not runner.experiment_path(p.stem).is_file())
+    script = importlib.import_module(f"experiments.{name}")
     calls = []
     monkeypatch.setattr(script, "main", lambda argv: calls.append(argv), raising=True)
-    assert not runner.experiment_path("tamed_sgd").is_file()
-    assert runner.experiment_command(["tamed_sgd", "--smoke", "--seeds", "2", "--out", str(tmp_path)]) == 0
+    assert runner.experiment_command([name, "--smoke", "--seeds", "2", "--out", str(tmp_path)]) == 0
     assert calls == [["--smoke", "--seeds", "2", "--out", str(tmp_path)]]
-    assert runner.experiment_command(["tamed_sgd", "--set", "trainer.max_steps=3"]) == 2
+    assert runner.experiment_command([name, "--set", "trainer.max_steps=3"]) == 2
     assert len(calls) == 1

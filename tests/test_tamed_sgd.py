@@ -245,8 +245,7 @@ def test_tamed_run_converges_and_does_not_diverge():
 def test_lightning_path_matches_vectorised_path():
     from experiments.tamed_sgd import run_lightning_check
 
-    rows = run_lightning_check(seeds=(0, 1), num_steps=40, arms=("tamed", "dissipative_r2", "plain_sgd"),
-                               progress=False)
+    rows = run_lightning_check(seeds=(0, 1), num_steps=40, arms=("tamed", "dissipative_r2", "plain_sgd"))
     for arm, row in rows.items():
         assert row["max_abs_diff"] < 1e-12, arm
         assert row["diverged_steps_lightning"] == row["diverged_steps_vectorised"], arm
@@ -272,35 +271,34 @@ def test_claim_plain_sgd_diverges_tamed_schemes_converge():
 def test_digits_runs_record_losses_and_survive_a_nan_run():
     import math
 
-    from experiments.tamed_sgd import digits_metrics, run_digits
+    from experiments.tamed_sgd import digits_run
 
-    epochs = 2
-    results = run_digits(seeds=(0,), large_lrs=(1e30,), reference_lr=0.5, epochs=epochs,
-                         arms=("plain_sgd", "tamed"), progress=False)
-    assert list(results) == ["plain_sgd_lr0.5", "plain_sgd_lr1e+30", "tamed_lr1e+30"]
-    for arm, result in results.items():
-        curve = result["curve"]
-        assert curve.shape[1] == 1 and curve.shape[0] % epochs == 0, arm
+    epochs, lr = 2, "model.init_args.optimizer.init_args.lr"
+    results = {"plain_sgd_lr0.5": digits_run("plain_sgd_lr0.5", overrides={"trainer.max_epochs": epochs}),
+               "plain_sgd_lr1e+30": digits_run("plain_sgd_lr50", overrides={"trainer.max_epochs": epochs, lr: 1e30}),
+               "tamed_lr1e+30": digits_run("tamed_lr50", overrides={"trainer.max_epochs": epochs, lr: 1e30})}
+    for arm, (metrics, curve) in results.items():
+        assert len(curve) % epochs == 0, arm
         # the final train loss is the mean minibatch loss of the last epoch
-        last_epoch = curve[-curve.shape[0] // epochs:, 0]
-        torch.testing.assert_close(result["train_loss"][0], last_epoch.mean(), equal_nan=True)
-        assert set(digits_metrics(result)) >= {"test_accuracy", "nonfinite", "failed"}
-        assert 0.0 <= result["test_accuracy"][0] <= 1.0
-    plain_huge = results["plain_sgd_lr1e+30"]           # overflows to NaN within a step or two, and keeps going
-    assert plain_huge["nonfinite"].all() and plain_huge["failed"].all()
-    assert torch.isnan(plain_huge["curve"][-1]).all()
+        last_epoch = torch.tensor(curve[-len(curve) // epochs:])
+        torch.testing.assert_close(torch.tensor(metrics["train_loss"]), last_epoch.mean(), equal_nan=True)
+        assert set(metrics) >= {"test_accuracy", "val_accuracy", "nonfinite", "failed"}
+        assert 0.0 <= metrics["test_accuracy"] <= 1.0
+    plain_huge, curve = results["plain_sgd_lr1e+30"]    # overflows to NaN within a step or two, and keeps going
+    assert plain_huge["nonfinite"] == 1.0 and plain_huge["failed"] == 1.0 and math.isnan(curve[-1])
     for arm in ("plain_sgd_lr0.5", "tamed_lr1e+30"):     # the tamed step is at most 1 whatever the lr
-        assert not results[arm]["nonfinite"].any() and not results[arm]["failed"].any(), arm
-        assert results[arm]["train_loss"][0] < math.log(10.0) and results[arm]["test_accuracy"][0] > 0.8, arm
+        metrics = results[arm][0]
+        assert metrics["nonfinite"] == 0.0 and metrics["failed"] == 0.0, arm
+        assert metrics["train_loss"] < math.log(10.0) and metrics["test_accuracy"] > 0.8, arm
 
 
 @pytest.mark.slow
 def test_claim_on_digits_plain_and_clipped_sgd_fail_tamed_sgd_trains():
-    from experiments.tamed_sgd import run_digits
+    from experiments.tamed_sgd import digits_run
 
-    results = run_digits(seeds=(0,), large_lrs=(50.0,), epochs=20,
-                         arms=("plain_sgd", "clipped_sgd", "tamed", "dissipative_r1_a0"), progress=False)
+    results = {arm: digits_run(arm)[0] for arm in ("plain_sgd_lr0.5", "plain_sgd_lr50", "clipped_sgd_lr50",
+                                                   "tamed_lr50", "dissipative_r1_a0_lr50")}
     for arm in ("plain_sgd_lr50", "clipped_sgd_lr50"):
-        assert results[arm]["failed"].all() and results[arm]["test_accuracy"].max() < 0.2, arm
+        assert results[arm]["failed"] == 1.0 and results[arm]["test_accuracy"] < 0.2, arm
     for arm in ("plain_sgd_lr0.5", "tamed_lr50", "dissipative_r1_a0_lr50"):
-        assert not results[arm]["failed"].any() and results[arm]["test_accuracy"].min() > 0.9, arm
+        assert results[arm]["failed"] == 0.0 and results[arm]["test_accuracy"] > 0.9, arm

@@ -7,30 +7,52 @@ import math
 import pytest
 import torch
 
+from experiments import runner
 from experiments import tamed_sgd as exp
 
 
+def test_experiment_yaml_parses_and_its_smoke_overlay_is_small():
+    spec = runner.load_spec("tamed_sgd")
+    assert spec.seeds == 100 and len(spec.arms) == 29 and all(arm.seeds == 3 for arm in spec.arms)
+    assert spec.baseline == "synthetic/plain_sgd" and set(spec.hooks) == {"evaluate", "report", "plot"}
+    smoke = runner.load_spec("tamed_sgd", smoke=True)
+    assert smoke.seeds == 1 and len(smoke.arms) == 5 and smoke.smoke_overrides == {"trainer.max_epochs": 1}
+    assert smoke.settings["synthetic"]["steps"] <= 50 and smoke.settings["check"]["steps"] <= 20
+    assert smoke.settings["check"]["arms"] == spec.settings["check"]["arms"]  # the smoke keeps the check's arms
+
+
+def _digits_arm(spec, name: str) -> dict:
+    return {**spec.overrides, **next(arm for arm in spec.arms if arm.name == f"digits/{name}").overrides}
+
+
 def test_clipped_and_dissipative_get_the_same_number_of_candidates():
-    families = exp.TUNED_FAMILIES
+    spec = runner.load_spec("tamed_sgd")
+    families = spec.settings["digits"]["families"]
     assert set(families) == {"clipped_sgd_tuned", "dissipative_tuned"}
     assert len(families["clipped_sgd_tuned"]) == len(families["dissipative_tuned"]) == 5
     # the two dissipative settings reported before are candidates, not a pre-selection
     assert {"dissipative_r2_a0.001", "dissipative_r1_a0"} <= set(families["dissipative_tuned"])
-    for candidate in (c for cs in families.values() for c in cs):
-        assert candidate in exp.DIGITS_RUNS
+    names = {arm.name for arm in spec.arms}
+    for lr in spec.settings["digits"]["large_lrs"]:  # every candidate is an arm at every large lr
+        for candidate in (c for cs in families.values() for c in cs):
+            assert f"digits/{candidate}_lr{lr:g}" in names
 
 
 def test_clipping_threshold_scales_with_the_learning_rate():
+    spec = runner.load_spec("tamed_sgd")
+    lr_key = "model.init_args.optimizer.init_args.lr"
     for lr in (5.0, 50.0):
-        taming, trainer = exp.digits_setting("clipped_sgd_s1", lr)
-        assert taming is None and trainer == {"gradient_clip_val": pytest.approx(1.0 / lr),
-                                              "gradient_clip_algorithm": "norm"}
-    assert exp.digits_setting("clipped_sgd_s0.3", 50.0)[1]["gradient_clip_val"] == pytest.approx(0.006)
-    assert exp.digits_setting("clipped_sgd", 50.0)[1]["gradient_clip_val"] == 1.0   # the earlier fixed row
-    taming, trainer = exp.digits_setting("dissipative_r2_a0.001", 50.0)
-    assert taming == {"scheme": "dissipative", "restoring_coef": 1e-3, "iterate_power": 2.0} and trainer == {}
-    with pytest.raises(ValueError):
-        exp.digits_setting("adam", 5.0)
+        for s in (0.1, 0.3, 1.0, 3.0, 10.0):
+            arm = _digits_arm(spec, f"clipped_sgd_s{s:g}_lr{lr:g}")
+            assert arm[lr_key] == lr and arm["trainer.gradient_clip_val"] == pytest.approx(s / lr)
+            assert arm["trainer.gradient_clip_algorithm"] == "norm"
+            assert [c["class_path"] for c in arm["trainer.callbacks"]] == ["experiments.tamed_sgd.StepLossRecorder"]
+        assert _digits_arm(spec, f"clipped_sgd_lr{lr:g}")["trainer.gradient_clip_val"] == 1.0  # the earlier fixed row
+    arm = _digits_arm(spec, "dissipative_r2_a0.001_lr50")
+    assert "trainer.gradient_clip_val" not in arm
+    assert arm["trainer.callbacks"][1] == {"class_path": "callbacks.sgd_taming.SGDTaming", "init_args": {
+        "scheme": "dissipative", "restoring_coef": 1e-3, "iterate_power": 2.0}}
+    assert _digits_arm(spec, "tamed_lr5")["trainer.callbacks"][1]["init_args"] == {"scheme": "tamed", "lr_power": 1.0}
 
 
 def _fake(val_accuracy, test_accuracy, val_loss):

@@ -136,9 +136,10 @@ def test_mia_efficacy_calls_confident_inputs_members():
 def test_experiment_claim_at_reduced_size(tmp_path):
     """TREW (val-selected) is closer to retraining than tuned FT and RL and than hand-set NegGrad+, at the retrained
     retain accuracy (tuned NegGrad+ ties with it: docs/trew.md)."""
-    from experiments.trew import main
+    from experiments import runner
 
-    arms = main(["--seeds", "1", "--out", str(tmp_path)])["arms"]  # one seed of the full grid: ~7 min on 2 busy cores
+    # one seed of the full grid through the runner: ~100 s on a quiet core, several minutes on busy ones
+    arms = runner.run_experiment("trew", seeds=1, out=tmp_path)["arms"]
     trew = arms["TREW confusion similarity, val-selected"]
     for baseline in ("FT val-selected", "RL val-selected", "NegGrad+ hand-set"):
         assert trew["tv_to_retrain"]["mean"] < arms[baseline]["tv_to_retrain"]["mean"], baseline
