@@ -1,4 +1,4 @@
-"""HiDe on a trained toy MLLM at three clutter levels: ``python -m experiments.hide``.
+"""HiDe on a trained toy MLLM at three clutter levels: ``python -m experiments hide``.
 
 Paper: "HiDe: Rethinking the Zoom-IN Method in High Resolution MLLMs via Hierarchical Decoupling" (arXiv
 2510.00054). Its claim: a training-free zoom-in (attention of entity tokens minus the prompt's noise prior ->
@@ -6,59 +6,45 @@ boxes -> layout-preserving compaction, answered from [original, compact]) beats 
 by more when the image is cluttered; magnification alone (upscaling) helps less than removing background; and HiDe
 comes close to cropping the ground-truth region.
 
-Per seed:
+The protocol is ``configs/hide/experiment.yaml``, run by `experiments.runner`. Per seed S (the model seed and the
+data seed):
 
-1. Train the toy MLLM (``configs/hide/toy_mllm_quick.yaml``; data and initialisation seeded; ``--steps`` AdamW steps
-   on the embedded generator's mixture of single images and [image, crop] pairs), keeping the weights with the best
-   validation accuracy (single full images); the checkpoint is written and HiDe is built from
-   ``configs/hide/quick.yaml`` with ``init_from`` pointing to it.
+1. The one configured run trains the toy MLLM of ``configs/hide/toy_mllm_quick.yaml`` as ``python train.py fit``
+   builds it (900 AdamW steps on the embedded generator's mixture of single images and [image, crop] pairs,
+   validation every 150 steps on single full images), and the config's ModelCheckpoint keeps the weights with the
+   best validation accuracy. `evaluate` builds HiDe from ``configs/hide/quick.yaml`` (``settings.hide_config``) with
+   ``init_from`` = that checkpoint and the run's ``num_val`` / ``num_test``.
 2. HiDe's layer is chosen on the validation split only (the layer whose boxes overlap the targets best, mean IoU);
    sigma and threshold stay at the config's values. The other arms have nothing to tune.
-3. On the test split (``--num-test`` questions per clutter level, 25 % two-target left/right questions), arms
-   ``full image`` ([image] at the model's 64 px), ``upscaled`` ([image] at 128 px: 4x the visual tokens),
-   ``oracle crop`` ([image, compaction of the ground-truth boxes grown by ``--oracle-margin`` px]) and ``hide``
-   ([image, HiDe's compaction]); metric ``accuracy``, for ``hide`` also ``box_iou`` (best IoU of its merged boxes
-   with each target, averaged; a box is at least one token, 16 px, so a perfect hit of an 8 px target scores
-   0.25), ``target_coverage`` (fraction of the target pixels inside HiDe's boxes), ``box_iou_raw`` (the same for
-   boxes of the raw attention: no smoothing, no prior subtraction; the TAD ablation) and ``no_zoom_rate``.
+3. On the test split (200 questions per clutter level, 25 % two-target left/right questions), arms ``full image``
+   ([image] at the model's 64 px), ``upscaled`` ([image] at 128 px: 4x the visual tokens), ``oracle crop``
+   ([image, compaction of the ground-truth boxes grown by ``settings.oracle_margin`` px]) and ``hide`` ([image,
+   HiDe's compaction]); metric ``accuracy``, for ``hide`` also ``box_iou`` (best IoU of its merged boxes with each
+   target, averaged; a box is at least one token, 16 px, so a perfect hit of an 8 px target scores 0.25),
+   ``target_coverage`` (fraction of the target pixels inside HiDe's boxes), ``box_iou_raw`` (the same for boxes of
+   the raw attention: no smoothing, no prior subtraction; the TAD ablation) and ``no_zoom_rate``.
 
-Outputs: ``results/hide.json`` (arms ``<arm>/clutter<N>``; ``paired``: per clutter level, the accuracy of every arm
-minus the full image, of HiDe minus upscaling and minus the oracle crop, of the oracle crop minus upscaling, seed by
-seed with a 95% t interval, the collection's rule for a claim) and ``results/hide.png`` (accuracy vs clutter).
+The twelve evaluations (four arms x three clutter levels) are of one trained model, so the run is named after the
+first (``full image/clutter0``) and `evaluate` adds the other eleven as derived arms (``<arm>/clutter<N>``).
+`report` adds ``selected_layers`` (per seed: the chosen layer and the validation box IoU of every layer) and, after
+the runner's paired block (every row minus ``full image/clutter0``, across levels), the pairs of ``settings.paired``
+per clutter level: the accuracy of every arm minus the full image, of HiDe minus upscaling and minus the oracle
+crop, of the oracle crop minus upscaling, seed by seed with a 95% t interval (the collection's rule for a claim).
+`plot`: accuracy vs clutter (``results/hide.png``).
 """
 from __future__ import annotations
-
-import logging
-import os
-import tempfile
-import time
 
 import numpy as np
 import torch
 
 from experiments import kit
+from experiments.runner import ExperimentError
 from icml26.paired import paired_block, paired_table
 from lightning_modules.hide.hide_zoom import best_iou, compact_image, merge_boxes, raw_attention_boxes, scale_boxes
 
-TOY_CONFIG = "configs/hide/toy_mllm_quick.yaml"
-HIDE_CONFIG = "configs/hide/quick.yaml"
 ARMS = ("full image", "upscaled", "oracle crop", "hide")
-PAPER = "HiDe: Rethinking the Zoom-IN Method in High Resolution MLLMs via Hierarchical Decoupling (arXiv 2510.00054)"
-
-
-def train_toy(seed: int, args, folder: str) -> str:
-    """Fit the toy MLLM with keep-best on val/accuracy; returns the path of its checkpoint."""
-    overrides = [f"--seed_everything={seed}", f"--data.init_args.seed={seed}",
-                 f"--data.init_args.num_val={args.num_val}", f"--data.init_args.num_test={args.num_test}"]
-    model, data = kit.from_config(TOY_CONFIG, *overrides)
-    keep = kit.KeepBest("val/accuracy", mode="max")
-    trainer = kit.quiet_trainer([keep], max_steps=args.steps, val_check_interval=max(1, args.steps // args.evals),
-                                check_val_every_n_epoch=None, deterministic=True)
-    trainer.fit(model, datamodule=data)
-    keep.restore(model)
-    path = os.path.join(folder, f"toy_mllm_seed{seed}.ckpt")
-    trainer.save_checkpoint(path)
-    return path
+PAIRS = (("hide", "full image"), ("upscaled", "full image"), ("oracle crop", "full image"), ("hide", "upscaled"),
+         ("hide", "oracle crop"), ("oracle crop", "upscaled"))  # default of settings.paired
 
 
 def oracle_compact(image: torch.Tensor, boxes: list, margin: int) -> torch.Tensor:
@@ -87,7 +73,7 @@ def target_coverage(boxes: list, targets: list, shape: tuple[int, int]) -> float
 
 
 @torch.no_grad()
-def evaluate(hide, examples: list[dict], margin: int) -> dict[str, dict[str, float]]:
+def evaluate_arms(hide, examples: list[dict], margin: int) -> dict[str, dict[str, float]]:
     backbone = hide.backbone
     out = {arm: [] for arm in ARMS}
     iou, iou_raw, no_zoom, coverage = [], [], [], []
@@ -122,46 +108,92 @@ def choose_layer(hide, examples: list[dict]) -> tuple[int, dict[int, float]]:
     return best, scores
 
 
-def run_seed(seed: int, args, folder: str) -> tuple[dict, dict]:
-    checkpoint = train_toy(seed, args, folder)
-    hide, data = kit.from_config(HIDE_CONFIG, f"--seed_everything={seed}", f"--data.init_args.seed={seed}",
-                                 f"--data.init_args.num_val={args.num_val}",
-                                 f"--data.init_args.num_test={args.num_test}",
-                                 f"--model.init_args.init_from={checkpoint}")
+def build_hide(run):
+    """HiDe of ``settings.hide_config`` from the run's best checkpoint (the toy MLLM with the best validation
+    accuracy), on the run's seed and validation / test sizes, as ``python train.py test --config ...
+    --model.init_args.init_from=<checkpoint>`` builds it."""
+    checkpoint = run.best_checkpoint()
+    if checkpoint is None:
+        raise RuntimeError("the toy MLLM run saved no best checkpoint: its config needs the ModelCheckpoint on "
+                           "val/accuracy and at least one validation (trainer.val_check_interval <= max_steps)")
+    config = run.settings.get("hide_config", "configs/hide/quick.yaml")
+    if not (kit.REPO_ROOT / config).is_file():
+        raise ExperimentError(f"settings.hide_config: no config file {config} (paths are relative to the repository "
+                              "root)")
+    data = run.datamodule.hparams
+    cli = run.build(["--config", str(kit.REPO_ROOT / config),
+                     f"--data.init_args.num_val={data.num_val}", f"--data.init_args.num_test={data.num_test}",
+                     f"--model.init_args.init_from={checkpoint}", "--trainer.logger=false"])
+    hide, datamodule = cli.model, cli.datamodule
     hide.load_initial_weights()
     hide.check_backbone()
     hide.eval()
-    data.setup("test")
+    datamodule.setup("test")
+    return hide, datamodule
+
+
+def checked_pairs(value) -> list[tuple[str, str]]:
+    """``settings.paired`` as (method, baseline) pairs of `ARMS`."""
+    if not isinstance(value, (list, tuple)) or not all(
+            isinstance(p, (list, tuple)) and len(p) == 2 and set(p) <= set(ARMS) for p in value):
+        raise ExperimentError(f"settings.paired must be a list of [method, baseline] pairs of {list(ARMS)}, got "
+                              f"{value!r}")
+    return [tuple(pair) for pair in value]
+
+
+def evaluate(run) -> dict[str, float]:
+    """HiDe from the run's checkpoint, its layer chosen on validation, then the four arms on the test split at every
+    clutter level: returns ``full image/clutter<first>`` (this run's arm) and adds the rest to ``run.derived``."""
+    hide, data = build_hide(run)
     val = [data.splits["val"][i] for i in range(len(data.splits["val"]))]
     layer, layer_scores = choose_layer(hide, val)
     test = [data.splits["test"][i] for i in range(len(data.splits["test"]))]
     arms = {}
-    for level in kit.progress(data.clutter_levels, f"seed {seed}: clutter levels"):
-        metrics = evaluate(hide, [e for e in test if e["clutter"] == level], args.oracle_margin)
+    for level in data.clutter_levels:
+        metrics = evaluate_arms(hide, [e for e in test if e["clutter"] == level], run.settings.get("oracle_margin", 4))
         for arm, values in metrics.items():
             arms[f"{arm}/clutter{level}"] = values
-    return arms, {"layer": layer, "val_box_iou_by_layer": layer_scores}
+    run.extra.update(selected_layer={"layer": layer, "val_box_iou_by_layer": layer_scores},
+                     pairs=checked_pairs(run.settings.get("paired", PAIRS)))
+    own = arms.pop(run.arm.name, None)
+    if own is None:
+        raise RuntimeError(f"the run's arm {run.arm.name!r} is none of the evaluations {sorted(arms)}; name the "
+                           f"experiment's arm after one of them, e.g. 'full image/clutter{data.clutter_levels[0]}'")
+    run.derived.update(arms)
+    return own
 
 
-def paired(per_seed: list[dict], levels: list[int]) -> dict:
-    """The accuracy differences seed by seed with their 95% t interval (`icml26.paired`), per clutter level:
-    every arm minus the full image, HiDe minus upscaling (magnification alone) and minus the oracle crop, and the
-    oracle crop minus upscaling (removing background vs magnifying, with a perfect localiser)."""
+def paired(per_seed: list[dict], levels: list[int], pairs=PAIRS) -> dict:
+    """The accuracy differences seed by seed with their 95% t interval (`icml26.paired`), per clutter level, for
+    every ``(method, baseline)`` of ``pairs`` (default: every arm minus the full image, HiDe minus upscaling
+    (magnification alone) and minus the oracle crop, and the oracle crop minus upscaling (removing background vs
+    magnifying, with a perfect localiser))."""
     block = {}
     for n in levels:
-        block.update(paired_block(per_seed, f"full image/clutter{n}", ["accuracy"],
-                                  [f"{arm}/clutter{n}" for arm in ("hide", "upscaled", "oracle crop")]))
-        for baseline in ("upscaled", "oracle crop"):
-            block.update(paired_block(per_seed, f"{baseline}/clutter{n}", ["accuracy"], [f"hide/clutter{n}"]))
-        block.update(paired_block(per_seed, f"upscaled/clutter{n}", ["accuracy"], [f"oracle crop/clutter{n}"]))
+        for method, baseline in pairs:
+            block.update(paired_block(per_seed, f"{baseline}/clutter{n}", ["accuracy"], [f"{method}/clutter{n}"]))
     return block
 
 
-def plot(arms: dict, levels: list[int], path: str) -> None:
+def report(result: dict, records: list[dict]) -> dict:
+    """``selected_layers`` (per seed) and the per-clutter-level pairs (`paired`, printed), which the runner adds to
+    its own paired block."""
+    runs = [extra for seed in records for extra in seed.get("", {}).values()]
+    levels = sorted({int(a.rsplit("clutter", 1)[1]) for a in result["arms"]})
+    block = paired(result["per_seed"], levels, runs[0]["pairs"])
+    layers = [extra["selected_layer"] for extra in runs]
+    print(paired_table(block) + f"\n\nlayers chosen on validation: {[i['layer'] for i in layers]}")
+    return {"selected_layers": layers, "paired": block}
+
+
+def plot(result: dict, path) -> None:
+    """Test accuracy of the four arms against clutter (mean ± std over seeds)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    arms = result["arms"]
+    levels = sorted({int(a.rsplit("clutter", 1)[1]) for a in arms})
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for arm in ARMS:
         means = [arms[f"{arm}/clutter{n}"]["accuracy"]["mean"] for n in levels]
@@ -177,39 +209,9 @@ def plot(arms: dict, levels: list[int], path: str) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = kit.experiment_parser(__doc__.splitlines()[0], seeds=5)
-    parser.add_argument("--steps", type=int, default=900, help="training steps of the toy MLLM per seed")
-    parser.add_argument("--evals", type=int, default=6, help="validations during training (keep-best)")
-    parser.add_argument("--num-val", type=int, default=50, help="validation questions per clutter level")
-    parser.add_argument("--num-test", type=int, default=200, help="test questions per clutter level")
-    parser.add_argument("--oracle-margin", type=int, default=4, help="px added around each true box (oracle)")
-    args = parser.parse_args(argv)
-    if args.smoke:
-        args.steps, args.evals, args.num_val, args.num_test = 4, 1, 2, 3
-    kit.quiet_single_thread()
-    logging.getLogger("lightning_modules").setLevel(logging.ERROR)
-    start = time.time()
-    per_seed, layers = [], []
-    with tempfile.TemporaryDirectory() as folder:
-        for seed in kit.progress(range(args.seeds), "seeds"):
-            arms, info = run_seed(seed, args, folder)
-            per_seed.append(arms)
-            layers.append(info)
-    arms = kit.summarise(per_seed)
-    levels = sorted({int(a.rsplit("clutter", 1)[1]) for a in arms})
-    config = {key: value for key, value in vars(args).items() if key not in ("seeds", "out")}
-    config["configs"] = {"toy_mllm": TOY_CONFIG, "hide": HIDE_CONFIG}
-    result = kit.write_result(PAPER, seeds=args.seeds, wall_s=time.time() - start, config=config, arms=arms,
-                              per_seed=per_seed, out=args.out, name="hide", selected_layers=layers,
-                              paired=paired(per_seed, levels))
-    plot(arms, levels, os.path.join(args.out, "hide.png"))
-    print(kit.markdown_table(arms))
-    print("\n" + paired_table(result["paired"]))
-    print(f"\nlayers chosen on validation: {[i['layer'] for i in layers]}; wall {result['wall_s']:.0f} s "
-          f"({args.seeds} seeds)")
-    return result
+if __name__ == "__main__":  # the older spelling: python -m experiments.hide [--smoke] [--seeds N] [--out DIR]
+    import sys
 
+    from experiments.runner import experiment_command
 
-if __name__ == "__main__":
-    main()
+    sys.exit(experiment_command(["hide", *sys.argv[1:]]))

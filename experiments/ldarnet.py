@@ -1,23 +1,24 @@
-"""Reproduce LDARNet's learned-vs-fixed boundary claim at small scale: ``python -m experiments.ldarnet``.
+"""Reproduce LDARNet's learned-vs-fixed boundary claim at small scale: ``python -m experiments ldarnet``.
 
 Paper: "LDARNet: DNA Adaptive Representation Network with Learnable Tokenization for Genomic Modeling"
 (arXiv 2606.04552). Claim: learned (dynamic) chunking beats a FLOPs-matched fixed grid of boundaries after MLM
 pretraining (up to +14 MCC points on histone tasks); the router's compression approaches 1/N.
 
-Setup (a CPU-sized version of the paper's pretrain -> fine-tune protocol, ~7 min on a shared 2-core machine):
-embedded synthetic DNA (`datamodules.genomics`): a 300 kb uniform-random genome with TATAAA / CCAAT / GGGCGG
-planted once per ~48 bp for MLM pretraining, and the motif-pair task (label = TATAAA and CCAAT both present; 0-3
-motifs at random offsets, so a fixed grid splits motifs at varying phases) for fine-tuning. Both stages start
-from the paper's quick configs through `experiments.kit.from_config`: ``configs/ldarnet/pretrain_quick.yaml``
-(tiny LDARNet: d 32/64, encoder m1t1 (local window 64), backbone M2 (SwiGLU 128), decoder m1, Mamba-2 d_state 16,
-headdim 32, N = 4, ratio weight 0.03; MLM with RC augmentation, AdamW 3e-3) and ``configs/ldarnet/quick.yaml``
-(the same network, mean pooling -> linear, AdamW 1e-3). The experiment overrides only what it varies: the
-boundaries (the arm), the seed, the data sizes (genome 300 kb, 2000/500 motif-task sequences, batch 32, evaluation
-batch 128) and ``init_from`` (the classifier is loaded from the pretrained weights in memory, matched by name and
-shape, instead of from a checkpoint file). Per seed and arm: MLM pretraining (120 steps, seq 128), then full
-fine-tuning from those weights (120 steps), test MCC/accuracy of the final weights.
-Arms: ``learned`` (bidirectional router) and ``fixed`` (boundaries every 4 bases: the same compressed length as
-the learned router's target, same network otherwise).
+Setup (a CPU-sized version of the paper's pretrain -> fine-tune protocol): embedded synthetic DNA
+(`datamodules.genomics`): a 300 kb uniform-random genome with TATAAA / CCAAT / GGGCGG planted once per ~48 bp for
+MLM pretraining, and the motif-pair task (label = TATAAA and CCAAT both present; 0-3 motifs at random offsets, so a
+fixed grid splits motifs at varying phases) for fine-tuning. The protocol is ``configs/ldarnet/experiment.yaml``,
+run by `experiments.runner`. Per seed S (the model seed and the data seed) and arm, the runner builds and fits
+``configs/ldarnet/pretrain_quick.yaml`` as ``python train.py fit`` builds it (tiny LDARNet: d 32/64, encoder m1t1
+(local window 64), backbone M2 (SwiGLU 128), decoder m1, Mamba-2 d_state 16, headdim 32, N = 4, ratio weight 0.03;
+MLM with RC augmentation, AdamW 3e-3; 120 steps, seq 128, batch 32, one validation of 4 batches at the end).
+`evaluate` then builds ``configs/ldarnet/quick.yaml`` (``settings.finetune``: the same network, mean pooling ->
+linear, AdamW 1e-3; 2000 / 500 motif-task sequences, 120 steps, no validation) with the arm's boundaries, the
+pretraining run's batch sizes (evaluation batch 128), sequence length and data seed, **without re-seeding** (the
+classifier's initialisation continues the seeded stream after pretraining), loads the pretrained weights in memory
+(matched by name and shape, ``init_from: null``), fine-tunes and tests the final weights (test MCC / accuracy).
+Arms: ``learned`` (bidirectional router) and ``fixed`` (boundaries every 4 bases: the same compressed length as the
+learned router's target, same network otherwise).
 
 Measured per run: test MCC and accuracy, MLM accuracy on held-out windows after pretraining, realised compression
 F = mean(b) on the test sequences (target 1/N = 0.25), and boundary enrichment at motif edges: P(boundary | within
@@ -26,16 +27,13 @@ both measured with the router after MLM pretraining and after fine-tuning. Note 
 edge windows cover almost the whole motif, so this is close to a "boundaries in motifs" enrichment; the PNG's
 profile (boundary rate by offset from motif starts) shows where exactly the boundaries sit.
 
-Speed part (the ``speed`` key of the JSON; ``--speed-only`` runs just this and writes it in the kit's schema to
-``<out>/ldarnet_speed.json``, ``--no-speed`` leaves it out): the
-pure-PyTorch chunked SSD scan vs the straightforward sequential scan on the same inputs (outputs compared),
-forward and forward+backward, and the tokens/s of a forward+backward of the paper's 2.01M "micro" LDARNet
-(m3t1/[M6]/m3, d 64/128, d_state 128, chunk 256; SwiGLU 384, which gives the paper's 2.01M). Minimum over repeats
-(the machine is shared).
-
-Outputs: markdown tables on stdout and the kit's schema in ``<out>/ldarnet.json`` (``{"paper", "seeds", "wall_s",
-"config", "arms": {arm: {metric: {"mean", "std"}}}, "per_seed": [{"seed", "runs": {arm: every measured value,
-profiles included}}], "title", "speed"}``) and ``<out>/ldarnet.png``.
+`report` writes ``per_seed`` as ``[{"seed", "runs": {arm: every measured value, profiles included}}]`` (the
+runner's paired block ``learned - fixed`` reads it), adds ``title`` and the ``speed`` block (``settings.speed``;
+null leaves it out): the pure-PyTorch chunked SSD scan vs the straightforward sequential scan on the same inputs
+(outputs compared), forward and forward+backward, and the tokens/s of a forward+backward of the paper's 2.01M
+"micro" LDARNet (m3t1/[M6]/m3, d 64/128, d_state 128, chunk 256; SwiGLU 384, which gives the paper's 2.01M).
+Minimum over repeats (the machine is shared). `speed_result` writes the speed part alone in the kit's schema
+(``<out>/ldarnet_speed.json``). `plot`: ``<out>/ldarnet.png``.
 """
 from __future__ import annotations
 
@@ -46,28 +44,22 @@ import numpy as np
 import torch
 
 from datamodules.genomics import motif_edge_mask, motif_hits
-from experiments.kit import (experiment_parser, from_config, markdown_table, progress, quiet_single_thread,
-                             quiet_trainer, summarise, write_result)
-from lightning_modules.shared.base import load_matching_weights
+from experiments import kit
+from experiments.kit import summarise, write_result
 from lightning_modules.ldarnet.bimamba2 import ssd_chunked, ssd_sequential
 from lightning_modules.ldarnet.ldarnet import LDARNetPretraining
+from lightning_modules.shared.base import load_matching_weights
 
 PAPER = "ldarnet"
 TITLE = ("LDARNet: DNA Adaptive Representation Network with Learnable Tokenization for Genomic Modeling "
          "(arXiv 2606.04552)")
-PRETRAIN_CONFIG = "configs/ldarnet/pretrain_quick.yaml"
 FINETUNE_CONFIG = "configs/ldarnet/quick.yaml"
-ARMS = ("learned", "fixed")
 MICRO = dict(arch_layout=["m3t1", ["M6"], "m3"], d_model=[64, 128], d_intermediate=[0, 384], d_state=128,
              headdim=64, ssd_chunk_size=256, attn_heads=2, attn_window=1023, rotary_dim=32)
 PROFILE_OFFSETS = list(range(-6, 13))  # boundary rate relative to a motif start
 METRICS = ("mcc", "accuracy", "mlm_accuracy", "pretrain_compression", "mlm_compression", "mlm_enrichment",
            "mlm_edge_rate", "mlm_background_rate", "compression", "enrichment", "edge_rate", "background_rate",
            "pretrain_ratio_loss")
-SIZES = dict(pretrain_steps=120, finetune_steps=120, train_size=2000, test_size=500, seq_len=128, batch_size=32,
-             genome_length=300_000)
-SMOKE_SIZES = dict(pretrain_steps=3, finetune_steps=3, train_size=64, test_size=32, seq_len=128, batch_size=16,
-                   genome_length=20_000)
 
 
 def boundary_stats(net: torch.nn.Module, tokens: np.ndarray) -> dict:
@@ -94,36 +86,76 @@ def boundary_stats(net: torch.nn.Module, tokens: np.ndarray) -> dict:
             "enrichment": float(on_edge / max(background, 1e-9)), "profile": (profile / np.maximum(counts, 1)).tolist()}
 
 
-def run_arm(boundaries: str, seed: int, pretrain_steps: int = 120, finetune_steps: int = 120,
-            train_size: int = 2000, test_size: int = 500, seq_len: int = 128, batch_size: int = 32,
-            genome_length: int = 300_000) -> dict:
-    """MLM pretraining then fine-tuning of one arm for one seed; returns its metrics."""
+def finetune_cli(run):
+    """The fine-tuning stage of ``run`` (a fitted pretraining run): ``settings.finetune``'s config and overrides plus
+    the arm's boundaries, the run's batch sizes, sequence length and data seed and its output folder, built as
+    ``python train.py fit`` builds it but with ``--seed_everything=false``: no re-seeding, so the classifier's
+    initialisation continues the stream the run's seed started."""
+    import train
+    from experiments.runner import QUIET, ExperimentError, flag
+
+    stage = run.settings.get("finetune") or {}
+    unknown = sorted(set(stage) - {"config", "overrides"})
+    if unknown:
+        raise ExperimentError(f"settings.finetune: unknown key(s) {unknown}; allowed: config, overrides")
+    if not (kit.REPO_ROOT / stage.get("config", FINETUNE_CONFIG)).is_file():
+        raise ExperimentError(f"settings.finetune.config: no config file {stage['config']} (paths are relative to "
+                              "the repository root)")
+    data = run.datamodule
+    overrides = {**(stage.get("overrides") or {}), "model.init_args.boundaries": run.model.hparams.boundaries,
+                 "data.init_args.batch_size": data.batch_size, "data.init_args.eval_batch_size": data.eval_batch_size,
+                 "data.init_args.seed": run.seed, "data.init_args.synthetic_length": data.seq_len}
+    args = ["--config", str(kit.REPO_ROOT / stage.get("config", FINETUNE_CONFIG)),
+            *(flag(k, v) for k, v in overrides.items()), *QUIET, "--seed_everything=false",
+            f"--trainer.default_root_dir={run.root / 'finetune'}"]
+    return train.main(args, run=False)
+
+
+def evaluate(run) -> dict[str, float]:
+    """After MLM pretraining (the run's fit): the last validation's MLM accuracy, ratio loss and compression, the
+    router's boundary statistics on the fine-tuning test sequences, then fine-tuning (`finetune_cli`) from the
+    pretrained weights and the test of its final weights; returns `METRICS`, keeps the whole record (profiles
+    included) in ``run.extra``."""
     start = time.time()
-    arm = (f"--model.init_args.boundaries={boundaries}", f"--data.init_args.batch_size={batch_size}",
-           "--data.init_args.eval_batch_size=128", f"--data.init_args.seed={seed}")
-    pretrain_data = (f"--data.init_args.seq_len={seq_len}", f"--data.init_args.genome_length={genome_length}")
-    pre, pre_data = from_config(PRETRAIN_CONFIG, f"--seed_everything={seed}", *arm, *pretrain_data)
-    trainer = quiet_trainer(max_steps=pretrain_steps, deterministic=True, limit_val_batches=4,
-                            val_check_interval=pretrain_steps, check_val_every_n_epoch=None)
-    trainer.fit(pre, datamodule=pre_data)
-    mlm = trainer.callback_metrics
+    mlm = run.trainer.callback_metrics
     mlm_acc, ratio = float(mlm["val/mlm_accuracy"]), float(mlm["val/ratio_loss"])
     pre_compression = float(mlm["val/compression"])
-    # no re-seeding: the classifier's initialisation continues the seeded stream after pretraining
-    clf, data = from_config(FINETUNE_CONFIG, "--seed_everything=false", "--model.init_args.init_from=null", *arm,
-                            f"--data.init_args.synthetic_train={train_size}",
-                            f"--data.init_args.synthetic_test={test_size}",
-                            f"--data.init_args.synthetic_length={seq_len}")
+    cli = finetune_cli(run)
+    clf, data = cli.model, cli.datamodule
     data.setup("fit")
-    after_mlm = {f"mlm_{k}": v for k, v in boundary_stats(pre.net, data.test_tokens).items()}
-    load_matching_weights(clf, pre.state_dict(), source="pretraining")
-    trainer = quiet_trainer(max_steps=finetune_steps, deterministic=True, limit_val_batches=0)
-    trainer.fit(clf, datamodule=data)
-    test = trainer.test(clf, datamodule=data, verbose=False)[0]
+    after_mlm = {f"mlm_{k}": v for k, v in boundary_stats(run.model.net, data.test_tokens).items()}
+    load_matching_weights(clf, run.model.state_dict(), source="pretraining")
+    cli.trainer.fit(clf, datamodule=data)
+    test = cli.trainer.test(clf, datamodule=data, ckpt_path=None, verbose=False)[0]
     stats = boundary_stats(clf.net, data.test_tokens)
-    return {"arm": boundaries, "seed": seed, "mcc": float(test["test/mcc"]), "accuracy": float(test["test/acc"]),
-            "mlm_accuracy": mlm_acc, "pretrain_ratio_loss": ratio, "pretrain_compression": pre_compression,
-            **after_mlm, **stats, "wall_s": time.time() - start}
+    record = {"arm": run.arm.name, "seed": run.seed, "mcc": float(test["test/mcc"]),
+              "accuracy": float(test["test/acc"]), "mlm_accuracy": mlm_acc, "pretrain_ratio_loss": ratio,
+              "pretrain_compression": pre_compression, **after_mlm, **stats,
+              "finetune_wall_s": time.time() - start}
+    run.extra.update(record=record, speed=run.settings.get("speed"))  # `report` reads both
+    return {k: record[k] for k in METRICS}
+
+
+def train_run(boundaries: str, seed: int, overrides: dict | None = None, finetune: dict | None = None) -> dict:
+    """One run of the experiment's protocol outside the whole experiment (tests, a single comparison): the arm
+    ``boundaries`` on ``seed`` with experiment.yaml's overrides, then ``overrides`` (dotted keys of the pretraining
+    run) and ``finetune`` (dotted keys added to ``settings.finetune.overrides``), built, fitted and evaluated as the
+    runner does, in a temporary folder; returns the run's record (`evaluate`)."""
+    import tempfile
+
+    from experiments import runner
+
+    spec = runner.load_spec(PAPER)
+    stage = dict(spec.settings["finetune"])
+    stage["overrides"] = {**stage.get("overrides", {}), **(finetune or {})}
+    spec.settings = {**spec.settings, "finetune": stage}
+    arm = runner.Arm(boundaries, list(spec.arms[0].configs),
+                     {"model.init_args.boundaries": boundaries, **(overrides or {})})
+    kit.quiet_single_thread()
+    with tempfile.TemporaryDirectory(prefix="ldarnet_run_") as root:
+        run = runner.Run(spec, arm, None, seed, Path(root), Path(root))
+        runner.execute(run, evaluate)
+        return run.extra["record"]
 
 
 # ============================================================================================ speed
@@ -173,7 +205,6 @@ def speed(repeats: int = 3, length: int = 1024, micro_length: int = 1024) -> dic
     return out
 
 
-# ============================================================================================ report
 def speed_markdown(result: dict) -> str:
     lines = ["## Speed (shared 2-core machine, min over repeats, 1 thread)", "",
              "| scan | forward s | fwd+bwd s | fwd+bwd tokens/s | max rel err vs fp64 sequential |",
@@ -188,7 +219,43 @@ def speed_markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(runs: list[dict], arms: dict, path: Path) -> None:
+def speed_result(out=kit.RESULTS, smoke: bool = False) -> dict:
+    """The speed part alone, written in the kit's schema to ``<out>/ldarnet_speed.json`` (one arm per scan / model,
+    its timings as metrics); ``smoke``: tiny sizes, one repeat."""
+    start = time.time()
+    sizes = dict(repeats=1, length=64, micro_length=64) if smoke else {}
+    result = speed(**sizes)
+    print(speed_markdown(result))
+    timed = {name: {metric: value for metric, value in block.items() if isinstance(value, (int, float))}
+             for name, block in result.items() if name != "shape"}
+    return write_result("ldarnet_speed", seeds=1, wall_s=time.time() - start,
+                        config={"shape": result["shape"], "smoke": smoke, **sizes}, arms=summarise([timed]),
+                        per_seed=[result], out=out, name="ldarnet_speed")
+
+
+def speed_arguments(value: dict) -> dict:
+    """``settings.speed`` ({repeats, length, micro_length}) as `speed`'s arguments."""
+    unknown = sorted(set(value) - {"repeats", "length", "micro_length"})
+    if unknown:
+        from experiments.runner import ExperimentError
+
+        raise ExperimentError(f"settings.speed: unknown key(s) {unknown}; allowed: length, micro_length, repeats")
+    return dict(value)
+
+
+def report(result: dict, records: list[dict]) -> dict:
+    """``per_seed`` as ``[{"seed", "runs": {arm: record}}]`` (every measured value, profiles included), ``title`` and
+    the ``speed`` block (``settings.speed``, null: left out; printed). The runner prints the arms' table."""
+    per_seed = [{"seed": seed, "runs": {arm: extra["record"] for arm, extra in kept.get("", {}).items()}}
+                for seed, kept in enumerate(records)]
+    sizes = next(extra["speed"] for kept in records for extra in kept.get("", {}).values())
+    speed_block = speed(**speed_arguments(sizes)) if sizes is not None else None
+    if speed_block:
+        print(speed_markdown(speed_block) + "\n")
+    return {"per_seed": per_seed, "title": TITLE, "speed": speed_block}
+
+
+def plot_runs(runs: list[dict], arms: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -218,61 +285,14 @@ def plot(runs: list[dict], arms: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = experiment_parser(__doc__.splitlines()[0], seeds=3)
-    parser.add_argument("--pretrain-steps", type=int, default=SIZES["pretrain_steps"])
-    parser.add_argument("--finetune-steps", type=int, default=SIZES["finetune_steps"])
-    parser.add_argument("--train-size", type=int, default=SIZES["train_size"])
-    parser.add_argument("--test-size", type=int, default=SIZES["test_size"])
-    parser.add_argument("--speed-only", action="store_true",
-                        help="only the scan / micro-model timing (writes <out>/ldarnet_speed.json)")
-    parser.add_argument("--no-speed", action="store_true", help="leave out the timing part")
-    args = parser.parse_args(argv)
-    quiet_single_thread()
-    start = time.time()
-    speed_sizes = dict(repeats=1, length=64, micro_length=64) if args.smoke else {}
-    if args.speed_only:  # <out>/ldarnet_speed.json: one arm per scan / model, its timings as metrics
-        speed_result = speed(**speed_sizes)
-        print(speed_markdown(speed_result))
-        timed = {name: {metric: value for metric, value in block.items() if isinstance(value, (int, float))}
-                 for name, block in speed_result.items() if name != "shape"}
-        return write_result("ldarnet_speed", seeds=1, wall_s=time.time() - start,
-                            config={"shape": speed_result["shape"], "smoke": args.smoke, **speed_sizes},
-                            arms=summarise([timed]), per_seed=[speed_result], out=args.out, name="ldarnet_speed")
-    sizes = dict(SMOKE_SIZES) if args.smoke else dict(SIZES, pretrain_steps=args.pretrain_steps,
-                                                      finetune_steps=args.finetune_steps,
-                                                      train_size=args.train_size, test_size=args.test_size)
-    per_seed = []
-    bar = progress(None, desc="ldarnet seeds x arms", total=args.seeds * len(ARMS))
-    for seed in range(args.seeds):
-        runs = {}
-        for arm in ARMS:
-            r = runs[arm] = run_arm(arm, seed, **sizes)
-            bar.update(1)
-            bar.write(f"seed {seed} {arm:7s}: MCC {r['mcc']:.3f} acc {r['accuracy']:.3f} MLM acc "
-                      f"{r['mlm_accuracy']:.3f} F {r['mlm_compression']:.3f} -> {r['compression']:.3f} "
-                      f"enrichment {r['mlm_enrichment']:.2f} -> {r['enrichment']:.2f} ({r['wall_s']:.0f} s)")
-        per_seed.append({"seed": seed, "runs": runs})
-    bar.close()
-    arms = summarise([{arm: {k: r[k] for k in METRICS} for arm, r in s["runs"].items()} for s in per_seed])
-    speed_result = None if args.no_speed else speed(**speed_sizes)
-    wall = time.time() - start
-    config = {"pretrain_config": PRETRAIN_CONFIG, "finetune_config": FINETUNE_CONFIG,
-              "varied": "boundaries (the arm), seed, data sizes, init_from (in-memory pretrained weights)",
-              **sizes, "eval_batch_size": 128, "profile_offsets": PROFILE_OFFSETS, "smoke": args.smoke}
-    result = write_result(PAPER, seeds=args.seeds, wall_s=wall, config=config, arms=arms, per_seed=per_seed,
-                          out=args.out, title=TITLE, speed=speed_result)
-    out = Path(args.out)
-    plot([r for s in per_seed for r in s["runs"].values()], arms, out / f"{PAPER}.png")
-    if speed_result:
-        print(speed_markdown(speed_result) + "\n")
-    print(f"## LDARNet: learned vs fixed boundaries ({args.seeds} seeds, {sizes['pretrain_steps']} MLM + "
-          f"{sizes['finetune_steps']} fine-tuning steps, wall {wall:.0f} s)\n")
-    print(markdown_table(arms, ("mcc", "accuracy", "mlm_accuracy", "mlm_compression", "mlm_enrichment",
-                                "compression", "enrichment", "pretrain_ratio_loss")))
-    print(f"\nresults in {out / (PAPER + '.json')} and {out / (PAPER + '.png')}")
-    return result
+def plot(result: dict, path) -> None:
+    """Test MCC and boundary enrichment per arm (every run a dot) and the boundary profile around motif starts."""
+    plot_runs([r for s in result["per_seed"] for r in s["runs"].values()], result["arms"], Path(path))
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # the older spelling: python -m experiments.ldarnet [--smoke] [--seeds N] [--out DIR]
+    import sys
+
+    from experiments.runner import experiment_command
+
+    sys.exit(experiment_command(["ldarnet", *sys.argv[1:]]))

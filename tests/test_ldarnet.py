@@ -621,12 +621,14 @@ def test_classifier_num_classes_must_match_the_data():
 # ============================================================================================ experiment (slow)
 @pytest.mark.slow
 def test_reduced_experiment_learned_router_compresses_towards_one_over_n():
-    """Reduced `experiments.ldarnet` (~1.5 min): after MLM the learned router's compression is near 1/N = 0.25 with
-    a ratio loss near 1; the fixed control compresses by exactly 1/4; MLM beats chance in both arms."""
-    from experiments.ldarnet import run_arm
+    """Reduced `experiments.ldarnet` (~1.5 min; one run per arm through the runner, `train_run`): after MLM the
+    learned router's compression is near 1/N = 0.25 with a ratio loss near 1; the fixed control compresses by
+    exactly 1/4; MLM beats chance in both arms."""
+    from experiments.ldarnet import train_run
 
-    sizes = dict(seed=0, pretrain_steps=80, finetune_steps=30, train_size=400, test_size=200)
-    learned, fixed = run_arm("learned", **sizes), run_arm("fixed", **sizes)
+    pretrain = {"trainer.max_steps": 80, "trainer.val_check_interval": 80}
+    finetune = {"trainer.max_steps": 30, "data.init_args.synthetic_train": 400, "data.init_args.synthetic_test": 200}
+    learned, fixed = (train_run(arm, 0, pretrain, finetune) for arm in ("learned", "fixed"))
     summary = {k: (learned[k], fixed[k]) for k in ("pretrain_compression", "pretrain_ratio_loss", "compression",
                                                    "mlm_accuracy", "mcc")}
     assert 0.1 < learned["pretrain_compression"] < 0.5, summary
