@@ -1,12 +1,18 @@
-"""Reproduce the Spectral Guidance claims at small scale: ``python -m experiments.spectral_guidance`` (~5 min, 2 cores).
+"""Reproduce the Spectral Guidance claims at small scale: ``python -m experiments spectral_guidance``.
 
 Paper: "Spectral Guidance for Flexible and Efficient Control of Diffusion Models" (arXiv 2605.28900). Claims checked:
 the two-view objective recovers the spectrum of the noising operator (S1), and guidance from the learned spectral
 basis is at least as accurate as a DPS-style method that backpropagates through the denoiser, with no denoiser
 backprops and less time (S2). Both adapted from the official notebooks; everything runs through the collection's
 `SpectralGuidanceEncoder` / `DiffusionDenoiser` + `DiffusionToyDataModule` and a Lightning `Trainer` on CPU, built
-from ``configs/spectral_guidance/quick.yaml`` (encoder) and ``denoiser_quick.yaml`` (prior); the experiment
-overrides the distribution, sizes, K, networks and learning rates where its protocol below differs.
+from ``configs/spectral_guidance/quick.yaml`` (encoder) and ``denoiser_quick.yaml`` (prior, with its EMAWeights
+0.999), built as ``train.py fit`` builds them. The protocol is configuration, ``configs/spectral_guidance/
+experiment.yaml`` (arms, steps, data sizes, the sampling settings, the smoke overlay); this module holds its hooks:
+`evaluate` (S1's spectrum check, S2's samplers on the trained prior + encoder, the digits), `report` (the ``s1`` /
+``s2`` / ``digits`` records, the matched-fidelity choices, the pairs of ``settings.paired``) and `plot`. Per seed S
+the runs are, in order: S1's encoder (model and data seed S), S2's prior (seed S), S2's encoder (model seed S + 100,
+data seed S; its run measures the S2 rows) and, on seed 0 only, the digits prior and encoder (model seeds 0 and 100).
+Training times come from a Lightning ``Timer`` callback.
 
 S1 (spectrum recovery; per seed): x0 ~ N(0, Q diag(L) Q^T), 16-D, L = (12, 9, 7, 2.5 * 0.8^k) (L_1 < 2 L_3 so
 that the top-3 eigenfunctions are linear at every t, see datamodules/toy_distributions.py), Q from the seed.
@@ -16,19 +22,19 @@ of the whitened two views vs the closed form a L_k / (a L_k + 1 - a) (max abs er
 the principal angles between the learned span and span{q_k^T x_t, k <= 3} (canonical correlations; mean).
 
 S2 (guidance on a labelled 2-D GMM, 8 components; per seed): DDPM eps-MLP (hidden 128, depth 4, EMA), encoder
-FiLM-MLP (hidden 64, 4 blocks) with K = 30 trained without labels; coefficients c_t = Phi~_t^T onehot(y) / N from
-N = 10k labelled samples on the grid {10, ..., 990}. 1024 samples (128 per class) with DDIM 50 steps, eta = 1, for:
-unguided; spectral guidance s in STRENGTHS (sign fix on; the official sign as an ablation); DPS-style
+FiLM-MLP (hidden 64, 4 blocks) with K = 30 trained without labels; coefficients c_t = Phi~_t^T onehot(y) / N from N
+= 10k labelled samples on the grid {10, ..., 990}. 1024 samples (128 per class) with DDIM 50 steps, eta = 1, for:
+unguided; spectral guidance s in ``settings.strengths`` (sign fix on; the official sign as an ablation); DPS-style
 (grad_{x_t} log p(y | x0_hat) through the denoiser, exact GMM posterior, the same shift rule and strengths).
 Metrics: conditional accuracy (argmax of the exact posterior = target), fidelity = mean GMM log-likelihood of the
 samples, denoiser backprops per trajectory, wall time of the sampling run. "Matched fidelity": for every method the
-most accurate strength whose mean log-likelihood is within FIDELITY_TOL nats of the unguided sampler's (none: the
-strength with the best log-likelihood); "share p <= floor" is how often the spectral estimate p was <= p_floor, i.e.
-where the sign fix changes the update. The energy
-ratio vs t (fraction of Var(1[y = c]) recovered by the K features) is compared with the exact ratio
-Var(p(y | x_t)) / Var(1[y = c]) (the GMM stays a GMM under noising), which shows the phase transition.
+most accurate strength whose mean log-likelihood is within ``settings.fidelity_tol`` nats of the unguided sampler's
+(none: the strength with the best log-likelihood); "share p <= floor" is how often the spectral estimate p was <=
+p_floor, i.e. where the sign fix changes the update. The energy ratio vs t (fraction of Var(1[y = c]) recovered by
+the K features) is compared with the exact ratio Var(p(y | x_t)) / Var(1[y = c]) (the GMM stays a GMM under
+noising), which shows the phase transition.
 
-Digits (seed 0): DDPM UNet (base 16, mults 1-2, EMA) on sklearn's 8x8 digits in [-1, 1], encoder FiLM-MLP K = 32 on
+Digits (seed 0 only): DDPM UNet (base 16, mults 1-2, EMA) on sklearn's 8x8 digits in [-1, 1], encoder FiLM-MLP K = 32 on
 the flattened images; 16 class-guided samples per digit with spectral guidance and with the DPS-style baseline (its
 p(y | x0_hat) is a logistic regression on the training digits), s = 3 and 10 (the notebook value). Judged by a
 different classifier (an RBF SVC on the training digits), with the mean distance to the nearest training digit
@@ -39,84 +45,129 @@ networks are MLPs of similar size.
 Outputs: markdown tables, results/spectral_guidance.json (the experiments' schema; ``per_seed`` holds the S1 and S2
 values of each seed, plus "s1": per-t curves, "s2": all strengths, "digits": ...), results/spectral_guidance.png
 and the digit grid.
-Wall times are measured on a shared machine (noisy): minimum of REPEATS timing runs.
+Wall times are measured on a shared machine (noisy): minimum of ``settings.repeats`` timing runs.
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from lightning.pytorch.callbacks import Timer
 
 from callbacks.ema import EMAWeights
-from experiments import kit
+from experiments import runner
+from experiments.runner import ExperimentError
+from icml26.paired import paired_block
 from lightning_modules.shared.denoisers import from_model_range
-from lightning_modules.spectral_guidance.diffusion_denoiser import DiffusionDenoiser, make_scheduler
+from lightning_modules.spectral_guidance.diffusion_denoiser import make_scheduler
 from lightning_modules.spectral_guidance.guided_sampling import DPSStyleGuide, SpectralGuide, guided_ddim_sample
 from lightning_modules.spectral_guidance.spectral_guidance import correlation_basis, whitening
 
-PAPER = "Spectral Guidance for Flexible and Efficient Control of Diffusion Models (arXiv 2605.28900)"
 EVAL_T = (20, 50, 100, 200, 300, 400, 500, 600, 700, 800, 900)
-STRENGTHS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
-FIDELITY_TOL = 0.5
-SAMPLES_PER_CLASS = 128
-DDIM_STEPS = 50
 ETA = 1.0
-REPEATS = 2
-ENCODER_CONFIG = "configs/spectral_guidance/quick.yaml"            # SpectralGuidanceEncoder (FiLM-MLP, Adam 1e-3)
-DENOISER_CONFIG = "configs/spectral_guidance/denoiser_quick.yaml"  # DiffusionDenoiser (eps-MLP 128 x 4, Adam 1e-3)
+# the arms of configs/spectral_guidance/experiment.yaml that the hooks read
+S1_ARM, S2_PRIOR, S2_ENCODER = "S1 spectrum recovery (K=3)", "S2 prior", "S2 unguided"
+DIGITS_PRIOR, DIGITS_ENCODER = "digits prior", "digits encoder"
 
 
 @dataclass(frozen=True)
 class Sampling:
-    """The sampling protocol of S2 and digits (smaller under ``--smoke``)."""
-    strengths: tuple[float, ...] = STRENGTHS
-    samples_per_class: int = SAMPLES_PER_CLASS
-    ddim_steps: int = DDIM_STEPS
-    repeats: int = REPEATS
-    digits_per_class: int = 16
-    digits_strengths: tuple[float, ...] = (3.0, 10.0)
-    s1_num_eval: int = 20_000      # fresh samples per t for the S1 evaluation
-    gmm_num_train: int = 10_000    # GMM training samples (S2; also the N labelled samples of the coefficients)
+    """The evaluation protocol: ``settings`` of experiment.yaml (smaller in its smoke overlay)."""
+    strengths: tuple[float, ...]
+    samples_per_class: int
+    ddim_steps: int
+    repeats: int               # timing runs per sampler (the minimum wall time is kept)
+    digits_per_class: int
+    digits_strengths: tuple[float, ...]
+    s1_num_eval: int           # fresh samples per t for the S1 evaluation
+    fidelity_tol: float        # nats below the unguided log-likelihood that still count as matched fidelity
 
 
-def _fit(model, data, steps: int, callbacks=()):
-    kit.quiet_trainer(callbacks, max_steps=steps, limit_val_batches=0).fit(model, datamodule=data)
-    return model
+_KINDS = (("strengths", "numbers"), ("samples_per_class", "int"), ("ddim_steps", "int"), ("repeats", "int"),
+          ("digits_per_class", "int"), ("digits_strengths", "numbers"), ("s1_num_eval", "int"),
+          ("fidelity_tol", "float"))
+_EXPECTED = {"numbers": "a list of positive numbers", "int": "a positive integer", "float": "a number >= 0"}
 
 
-def _data_overrides(distribution: str, batch_size: int, seed: int, num_train: int | None = None,
-                    num_val: int | None = None) -> list[str]:
-    out = [f"--data.init_args.distribution={distribution}", f"--data.init_args.batch_size={batch_size}",
-           f"--data.init_args.seed={seed}"]
-    out += [f"--data.init_args.num_train={num_train}"] if num_train is not None else []
-    return out + ([f"--data.init_args.num_val={num_val}"] if num_val is not None else [])
+def sampling(settings: dict) -> Sampling:
+    """``settings`` as a `Sampling`, each value checked."""
+    values = {}
+    for name, kind in _KINDS:
+        value = settings.get(name)
+        if kind == "numbers":
+            ok = isinstance(value, list) and bool(value) and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in value)
+        elif kind == "int":
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        else:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+        if not ok:
+            raise ExperimentError(f"spectral_guidance: settings.{name} must be {_EXPECTED[kind]}, got {value!r}")
+        values[name] = tuple(float(v) for v in value) if kind == "numbers" else value
+    return Sampling(**values)
 
 
-def _encoder(seed: int | bool, data_dim: int, k: int, hidden: int, data: list[str], *extra: str):
-    """quick.yaml's SpectralGuidanceEncoder with this data and f_theta = FiLM-MLP(data_dim -> k, hidden, 4 blocks);
-    ``seed=False`` keeps the global RNG where it is (no reseeding). Returns it with its datamodule."""
-    module, dm = kit.from_config(ENCODER_CONFIG, f"--seed_everything={json.dumps(seed)}",
-                                 f"--model.init_args.encoder.init_args.data_dim={data_dim}",
-                                 f"--model.init_args.encoder.init_args.num_features={k}",
-                                 f"--model.init_args.encoder.init_args.hidden_dim={hidden}", *data, *extra)
-    if int(np.prod(dm.data_shape)) != data_dim:
-        raise ValueError(f"encoder data_dim={data_dim} but the data has shape {dm.data_shape}")
-    return module, dm
+def _train_s(run) -> float:
+    """Seconds of the run's training, from the Timer callback that experiment.yaml adds."""
+    timers = [c for c in run.trainer.callbacks if isinstance(c, Timer)]
+    if not timers:
+        raise ExperimentError("spectral_guidance: the run has no Timer callback; keep the trainer.callbacks+ Timer "
+                              "of configs/spectral_guidance/experiment.yaml")
+    return float(timers[0].time_elapsed("train"))
+
+
+def _earlier(run, arm: str):
+    earlier = run.earlier.get(arm)
+    if earlier is None or not earlier.fitted:
+        raise ExperimentError(f"spectral_guidance: the arm {run.arm.name!r} needs the {arm!r} arm run before it on "
+                              "the same seed (keep the arms in the order of configs/spectral_guidance/experiment.yaml)")
+    return earlier
+
+
+def _prior(run, arm: str):
+    """The earlier prior run's DiffusionDenoiser with its EMA average swapped in (sampling uses the average), and
+    that run's datamodule."""
+    prior = _earlier(run, arm)
+    model = prior.model
+    if not prior.extra.get("ema_swapped"):
+        ema = [c for c in prior.trainer.callbacks if isinstance(c, EMAWeights)]
+        if not ema:
+            raise ExperimentError(f"spectral_guidance: the {arm!r} run has no EMAWeights callback (its config, "
+                                  "denoiser_quick.yaml, has one)")
+        ema[0]._swap_in(model)
+        ema[0]._stashed = None
+        prior.extra["ema_swapped"] = True
+    return model.eval(), prior.datamodule
+
+
+def evaluate(run) -> dict[str, float]:
+    """S1's metrics (its own run); S2's samplers (the S2 encoder's run: the unguided row, the others derived); the
+    digits (kept for `report`); the priors measure nothing (helper runs)."""
+    name, settings = run.arm.name, sampling(run.settings)
+    if name == S1_ARM:
+        s1 = spectrum_recovery(run, settings)
+        run.extra["s1"] = s1
+        return {key: s1[key] for key in S1_METRICS}
+    if name == S2_ENCODER:
+        s2 = gmm_guidance(run, settings)
+        run.extra["s2"] = s2
+        rows = per_seed_arms(s2, settings.fidelity_tol)
+        own = rows.pop(name)
+        run.derived.update(rows)
+        return own
+    if name == DIGITS_ENCODER:
+        run.extra["digits"] = run_digits(run, settings)
+    return {}
 
 
 # ================================================================================================ S1
-def run_spectrum_recovery(seed: int, steps: int = 800, batch_size: int = 1024, num_eval: int = 20_000) -> dict:
-    """Train the K=3 encoder on the Gaussian and compare with the closed-form spectrum."""
-    k = 3
-    module, dm = _encoder(seed, 16, k, 64, _data_overrides("gaussian", batch_size, seed, 20_000, 1000))
-    start = time.perf_counter()
-    _fit(module, dm, steps)
-    train_s = time.perf_counter() - start
-    module.eval()
+def spectrum_recovery(run, settings: Sampling) -> dict:
+    """The trained K=3 encoder against the closed-form spectrum of the Gaussian."""
+    module, dm, seed, k = run.model.eval(), run.datamodule, run.seed, 3
+    train_s, num_eval = _train_s(run), settings.s1_num_eval
     spectrum = dm.spectrum
     gen = torch.Generator().manual_seed(10_000 + seed)
     x0 = spectrum.sample(num_eval, gen).float()
@@ -143,18 +194,9 @@ def run_spectrum_recovery(seed: int, steps: int = 800, batch_size: int = 1024, n
             "cosines": cosines.tolist()}
 
 
+
+
 # ================================================================================================ S2
-def _train_denoiser(seed: int, data: list[str], steps: int, *extra: str) -> tuple[DiffusionDenoiser, object]:
-    """denoiser_quick.yaml's DiffusionDenoiser (+ `extra` overrides) trained `steps` steps with its EMA (0.999,
-    warm-up); returned with the averaged weights swapped in, and its datamodule."""
-    model, dm = kit.from_config(DENOISER_CONFIG, f"--seed_everything={seed}", *data, *extra)
-    ema = EMAWeights(decay=0.999, warmup=True)
-    _fit(model, dm, steps, [ema])
-    ema._swap_in(model)      # sample with the averaged weights
-    ema._stashed = None
-    return model.eval(), dm
-
-
 class _GMMPosterior:
     """log p(y_b | x0_hat_b) under the exact GMM (the DPS-style baseline's differentiable likelihood)."""
 
@@ -181,7 +223,7 @@ def exact_energy_ratio(gmm, alphas_cumprod: torch.Tensor, timesteps, n: int, see
     return torch.tensor(out)
 
 
-def _sample_arm(denoiser_model: DiffusionDenoiser, guide_factory, gmm, targets: torch.Tensor, seed: int,
+def _sample_arm(denoiser_model, guide_factory, gmm, targets: torch.Tensor, seed: int,
                 sampling: Sampling) -> dict:
     best, samples, guide = float("inf"), None, None
     for _ in range(sampling.repeats):
@@ -201,17 +243,12 @@ def _sample_arm(denoiser_model: DiffusionDenoiser, guide_factory, gmm, targets: 
             "encoder_backprops": stats.encoder_backprops if stats else 0, "p_below_floor": below}
 
 
-def run_gmm_guidance(seed: int, denoiser_steps: int = 1500, encoder_steps: int = 800,
-                     sampling: Sampling = Sampling()) -> dict:
-    """Train the prior and the K=30 encoder on the labelled GMM, then compare the samplers."""
-    start = time.perf_counter()
-    n = sampling.gmm_num_train
-    denoiser, dm = _train_denoiser(seed, _data_overrides("gmm", 512, seed, n, 1000), denoiser_steps)
-    denoiser_s = time.perf_counter() - start
-    encoder, dm_enc = _encoder(seed + 100, 2, 30, 64, _data_overrides("gmm", 1024, seed, n, 1000))
-    start = time.perf_counter()
-    _fit(encoder, dm_enc, encoder_steps).eval()
-    encoder_s = time.perf_counter() - start
+def gmm_guidance(run, settings: Sampling) -> dict:
+    """The samplers on S2's prior (the earlier run) and this run's K=30 encoder, both trained on the labelled GMM."""
+    sampling, seed = settings, run.seed
+    denoiser, dm = _prior(run, S2_PRIOR)
+    denoiser_s, encoder_s = _train_s(run.earlier[S2_PRIOR]), _train_s(run)
+    encoder = run.model.eval()
     x, y = dm.train_tensors()
     onehot = torch.nn.functional.one_hot(y, dm.num_classes).float()
     start = time.perf_counter()
@@ -220,7 +257,7 @@ def run_gmm_guidance(seed: int, denoiser_steps: int = 1500, encoder_steps: int =
     gmm = dm.gmm
     targets = torch.arange(dm.num_classes).repeat_interleave(sampling.samples_per_class)
     arms = {"unguided": _sample_arm(denoiser, None, gmm, targets, seed, sampling)}
-    for s in kit.progress(sampling.strengths, f"S2 seed {seed} strengths"):
+    for s in sampling.strengths:
         for sign_fix, name in ((True, "spectral"), (False, "spectral (official sign)")):
             arms[f"{name}, s={s:g}"] = _sample_arm(denoiser, lambda s=s, f=sign_fix: SpectralGuide(
                 encoder, encoded["coefficients"], targets, strength=s, sign_fix=f), gmm, targets, seed, sampling)
@@ -234,10 +271,10 @@ def run_gmm_guidance(seed: int, denoiser_steps: int = 1500, encoder_steps: int =
             "timesteps": grid.tolist(), "train_s": {"denoiser": denoiser_s, "encoder": encoder_s, "encode": encode_s}}
 
 
-def select_matched(arms: dict, method: str) -> str:
-    """The most accurate strength of `method` whose log-likelihood is within FIDELITY_TOL of the unguided one
+def select_matched(arms: dict, method: str, fidelity_tol: float) -> str:
+    """The most accurate strength of `method` whose log-likelihood is within fidelity_tol of the unguided one
     (when none is, the strength with the best log-likelihood)."""
-    floor = arms["unguided"]["loglik"] - FIDELITY_TOL
+    floor = arms["unguided"]["loglik"] - fidelity_tol
     candidates = [name for name in arms if name.startswith(method + ", s=")]
     eligible = [name for name in candidates if arms[name]["loglik"] >= floor]
     if not eligible:
@@ -257,27 +294,15 @@ class _LogisticPosterior:
         return torch.log_softmax(logits, -1)[torch.arange(len(x0_hat)), self.targets]
 
 
-def run_digits(seed: int = 0, denoiser_steps: int = 1000, encoder_steps: int = 800, out: Path | None = None,
-               sampling: Sampling = Sampling()) -> dict:
+def run_digits(run, settings: Sampling) -> dict:
     """Class guidance on sklearn digits: spectral vs DPS-style (through the UNet) vs unguided."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.svm import SVC
 
-    unet = {"class_path": "lightning_modules.shared.denoisers.UNet",
-            "init_args": {"in_channels": 1, "out_channels": 1, "base_channels": 16, "channel_mults": [1, 2],
-                          "time_dim": 64}}
-    start = time.perf_counter()
-    denoiser, dm = _train_denoiser(seed, _data_overrides("digits", 128, seed), denoiser_steps,
-                                   f"--model.init_args.denoiser={json.dumps(unet)}",
-                                   "--model.init_args.clip_sample=true",
-                                   "--model.init_args.optimizer.init_args.lr=0.002")
-    denoiser_s = time.perf_counter() - start
-    # seed_everything=false: the encoder's initialisation continues the RNG stream after the prior's training
-    encoder, dm_enc = _encoder(False, 64, 32, 128, _data_overrides("digits", 512, seed),
-                               "--model.init_args.clip_sample=true")
-    start = time.perf_counter()
-    _fit(encoder, dm_enc, encoder_steps).eval()
-    encoder_s = time.perf_counter() - start
+    sampling, seed, out = settings, run.seed, Path(run.out)
+    denoiser, dm = _prior(run, DIGITS_PRIOR)
+    denoiser_s, encoder_s = _train_s(run.earlier[DIGITS_PRIOR]), _train_s(run)
+    encoder = run.model.eval()
     x, y = dm.train_tensors()
     encoded = encoder.encode(x, torch.nn.functional.one_hot(y, 10).float(), torch.Generator().manual_seed(1))
     flat = x.flatten(1)
@@ -361,12 +386,12 @@ S2_METRICS = ("accuracy", "loglik", "denoiser_backprops", "encoder_backprops", "
 MATCHED = ("spectral", "spectral (official sign)", "DPS-style")
 
 
-def per_seed_arms(s1: dict, s2: dict) -> dict[str, dict[str, float]]:
-    """One seed's ``{arm: {metric: value}}``: S1, every S2 sampler, and each method at matched fidelity."""
-    arms = {"S1 spectrum recovery (K=3)": {key: s1[key] for key in S1_METRICS}}
-    arms.update({f"S2 {name}": {m: row[m] for m in S2_METRICS} for name, row in s2["arms"].items()})
+def per_seed_arms(s2: dict, fidelity_tol: float) -> dict[str, dict[str, float]]:
+    """One seed's S2 rows ``{arm: {metric: value}}``: every sampler, and each method at matched fidelity (S1's row
+    is its own run's)."""
+    arms = {f"S2 {name}": {m: row[m] for m in S2_METRICS} for name, row in s2["arms"].items()}
     for method in MATCHED:
-        chosen = select_matched(s2["arms"], method)
+        chosen = select_matched(s2["arms"], method, fidelity_tol)
         arms[f"S2 {method} @ matched fidelity"] = {m: s2["arms"][chosen][m] for m in S2_METRICS}
     return arms
 
@@ -418,7 +443,7 @@ def digits_markdown(digits: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(s1: list[dict], s2: list[dict], digits: dict | None, path: Path) -> None:
+def _plot(s1: list[dict], s2: list[dict], digits: dict | None, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -466,57 +491,39 @@ def plot(s1: list[dict], s2: list[dict], digits: dict | None, path: Path) -> Non
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = kit.experiment_parser(__doc__.splitlines()[0], seeds=3)
-    parser.add_argument("--s1-steps", type=int, default=800)
-    parser.add_argument("--denoiser-steps", type=int, default=1500)
-    parser.add_argument("--encoder-steps", type=int, default=800)
-    parser.add_argument("--digits-denoiser-steps", type=int, default=1000)
-    parser.add_argument("--skip-digits", action="store_true")
-    args = parser.parse_args(argv)
-    sampling = Sampling()
-    digits_encoder_steps = 800
-    if args.smoke:  # the pipeline in seconds: a few steps, one strength, 8 samples per class, no timing repeat
-        args.s1_steps = args.denoiser_steps = args.encoder_steps = args.digits_denoiser_steps = 3
-        digits_encoder_steps = 3
-        sampling = Sampling(strengths=(1.0,), samples_per_class=8, ddim_steps=DDIM_STEPS, repeats=1, digits_per_class=8,
-                            digits_strengths=(3.0,), s1_num_eval=2000, gmm_num_train=1000)
-    kit.quiet_single_thread()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    s1, s2 = [], []
-    for seed in kit.progress(range(args.seeds), "S1 seeds"):
-        s1.append(run_spectrum_recovery(seed, args.s1_steps, num_eval=sampling.s1_num_eval))
-        print(f"[S1 seed {seed}] max err {s1[-1]['max_eigenvalue_error']:.4f}, "
-              f"cos {s1[-1]['mean_principal_cosine']:.4f} ({time.perf_counter() - start:.0f} s)", flush=True)
-    for seed in kit.progress(range(args.seeds), "S2 seeds"):
-        s2.append(run_gmm_guidance(seed, args.denoiser_steps, args.encoder_steps, sampling))
-        print(f"[S2 seed {seed}] done ({time.perf_counter() - start:.0f} s)", flush=True)
-    digits = None if args.skip_digits else run_digits(0, args.digits_denoiser_steps, digits_encoder_steps, out=out,
-                                                      sampling=sampling)
-    per_seed = [per_seed_arms(a, b) for a, b in zip(s1, s2)]
-    arms = kit.summarise(per_seed)
-    choices = {f"S2 {method} @ matched fidelity": [select_matched(r["arms"], method) for r in s2]
-               for method in MATCHED}
-    config = {"encoder_config": ENCODER_CONFIG, "denoiser_config": DENOISER_CONFIG, "s1_steps": args.s1_steps,
-              "denoiser_steps": args.denoiser_steps, "encoder_steps": args.encoder_steps,
-              "digits_denoiser_steps": args.digits_denoiser_steps, "digits_encoder_steps": digits_encoder_steps,
-              "strengths": sampling.strengths, "ddim_steps": sampling.ddim_steps, "eta": ETA,
-              "fidelity_tol": FIDELITY_TOL, "samples_per_class": sampling.samples_per_class,
-              "timing_repeats": sampling.repeats, "skip_digits": args.skip_digits, "smoke": args.smoke}
-    result = kit.write_result(PAPER, seeds=args.seeds, wall_s=time.perf_counter() - start, config=config, arms=arms,
-                              per_seed=per_seed, out=out, name="spectral_guidance", matched_fidelity_choice=choices,
-                              s1=s1, s2=s2, digits=digits,
-                              note="wall times measured on a shared 2-core machine (noisy)")
-    plot(s1, s2, digits, out / "spectral_guidance.png")
-    print(markdown(arms, choices, s1, s2, sampling))
+def report(result: dict, records: list[dict], spec) -> dict:
+    """The per-seed ``s1`` / ``s2`` records, ``digits`` (seed 0), the strength each method chose at matched fidelity
+    per seed, and the pairs of ``settings.paired`` (``{baseline, arms (default: every other row), metrics}``) after
+    the runner's; prints the tables."""
+    runs = [seed.get("", {}) for seed in records]
+    s1 = [extra["s1"] for seed in runs for extra in seed.values() if "s1" in extra]
+    s2 = [extra["s2"] for seed in runs for extra in seed.values() if "s2" in extra]
+    digits = next((extra["digits"] for seed in runs for extra in seed.values() if "digits" in extra), None)
+    settings = sampling(spec.settings)
+    choices = {f"S2 {method} @ matched fidelity": [select_matched(r["arms"], method, settings.fidelity_tol)
+                                                    for r in s2] for method in MATCHED}
+    block = {}
+    for pair in spec.settings.get("paired", []):
+        if not isinstance(pair, dict) or not isinstance(pair.get("baseline"), str):
+            raise ExperimentError(f"spectral_guidance: settings.paired entries are {{baseline: ROW, arms: [ROW, ...], "
+                                  f"metrics: [METRIC, ...]}}, got {pair!r}")
+        block.update(paired_block(result["per_seed"], pair["baseline"], pair.get("metrics"), pair.get("arms")))
+    if s1 and s2:
+        print(markdown(result["arms"], choices, s1, s2, settings))
     if digits is not None:
         print(digits_markdown(digits))
-    print(f"\nwall {result['wall_s']:.0f} s; results in {out / 'spectral_guidance.json'}, "
-          f"{out / 'spectral_guidance.png'}")
-    return result
+    return {"matched_fidelity_choice": choices, "s1": s1, "s2": s2, "digits": digits,
+            "note": "wall times measured on a shared 2-core machine (noisy)", "paired": block}
 
 
-if __name__ == "__main__":
-    main()
+def plot(result: dict, path) -> None:
+    """S1's spectrum (seed 0), the energy ratio vs t, S2's accuracy vs fidelity (the digit grid is written by
+    `evaluate`)."""
+    if result.get("s1") and result.get("s2"):
+        _plot(result["s1"], result["s2"], result.get("digits"), Path(path))
+
+
+if __name__ == "__main__":  # the older spelling: python -m experiments.spectral_guidance [--smoke] [--seeds N] ...
+    import sys
+
+    sys.exit(runner.experiment_command(["spectral_guidance", *sys.argv[1:]]))

@@ -1,58 +1,59 @@
-"""TIVDiff at small scale (a RECONSTRUCTION; no paper text or code exists): ``python -m experiments.tivdiff``.
+"""TIVDiff at small scale (a RECONSTRUCTION; no paper text or code exists): ``python -m experiments tivdiff``.
 
 Paper: "Towards Trustworthy and Identifiable Virtual Face Generation" (TIVDiff, ICML 2026; no arXiv id). The
 method here is the collection's reconstruction from the paper's title and abstract-level description (see
-``lightning_modules/tivdiff/tivdiff.py``, which lists every reconstructed piece); this script shows its two mechanisms
-on the embedded parametric faces, not the paper's face results (none are known).
+``lightning_modules/tivdiff/tivdiff.py``, which lists every reconstructed piece); this experiment shows its two
+mechanisms on the embedded parametric faces, not the paper's face results (none are known).
 
-Per seed (data, keys, weights and sampling noise all change with the seed):
-1. synthetic faces (``--identities`` x ``--images`` at 16x16; 25% of identities held out), stage 1: the identity
-   encoder (CosFace; ``configs/tivdiff/encoder_quick.yaml``), stage 2: VIP + geometry-conditioned DDPM (EMA of the
-   weights) on the frozen encoder (``configs/tivdiff/quick.yaml``); the experiment overrides the data sizes, the
-   number of training identities, the VIP width (64 in both stages: stage 2 starts from stage 1's weights), the
-   lr, the DDIM steps and the watermark bits (its command-line options);
-2. **VIP** on ``--vip-identities`` fresh unseen people (4 images each, a new data seed; each person has user
+The protocol is ``configs/tivdiff/experiment.yaml`` (sizes, steps, seeds, the smoke overlay); this module holds its
+hooks. Per seed S (data, keys, weights and sampling noise all change with the seed):
+1. synthetic faces (60 identities x 12 images at 16x16; 25% of identities held out; data seed S), stage 1 (arm
+   ``encoder``, a helper run: ``row: false``): the identity encoder (CosFace; ``configs/tivdiff/encoder_quick.yaml``,
+   200 steps, model seed S), stage 2 (arm ``VIP (trained)``): VIP + geometry-conditioned DDPM on the frozen encoder
+   (``configs/tivdiff/quick.yaml``, 700 steps, model seed S + 1000, ``init_from`` stage 1's last checkpoint, set by
+   `prepare`), with the config's callbacks plus ``EMAWeights`` (decay 0.995, warm-up); no validation. The
+   experiment overrides the data sizes, the number of training identities, the VIP width (64 in both stages: stage
+   2 starts from stage 1's weights), the lr (2e-3), the DDIM steps (50) and the watermark bits (32).
+`evaluate` (on stage 2, with the EMA weights) measures, as the run's own row and derived rows:
+2. **VIP** on ``settings.vip_identities`` fresh unseen people (4 images each, a new data seed; each person has user
    key A and a second key B): ``verif_auc`` (same key, same vs different person), ``linkability_auc`` (key A vs
    key B, same vs different person; 0.5 = unlinkable), ``cos_e_v`` (mean cos of a face's original embedding and
    its virtual identity) and ``reid_auc`` (original embedding vs virtual identity, same vs different person;
    0.5 = no re-identification), for the original embedding (no projection), the untrained keyed orthogonal
    projection and the trained VIP;
-3. **IGGW**: ``--faces`` virtual faces of held-out people generated with DDIM (``--steps``) from watermarked
-   noise, verified by DDIM inversion: bit accuracy with the right key, a wrong key (attacker key: other VID and key
-   stream), after Gaussian pixel noise (sigma 0.05, 0.1) and blur (sigma 0.7 px), for unwatermarked faces checked
-   with the right key, and with only ``--few-steps`` DDIM steps; ``verify_auc`` separates watermarked from
-   unwatermarked faces by bit accuracy. ``exact`` is the round trip without diffusion (noise -> bits);
+3. **IGGW**: ``settings.faces`` virtual faces of held-out people generated with DDIM (the model's
+   ``num_inference_steps``) from watermarked noise, verified by DDIM inversion: bit accuracy with the right key, a
+   wrong key (attacker key: other VID and key stream), after Gaussian pixel noise (sigma 0.05, 0.1) and blur (sigma
+   0.7 px), for unwatermarked faces checked with the right key, and with only ``settings.few_steps`` DDIM steps;
+   ``verify_auc`` separates watermarked from unwatermarked faces by bit accuracy. ``exact`` is the round trip
+   without diffusion (noise -> bits);
 4. **quality with / without the watermark**: virtual faces (``face_verif_auc``: the encoder verifies two virtual
    faces of the same person+key against different people; ``face_reid_auc``: a virtual face against the person's
    real embedding; ``frechet``: Frechet distance of encoder embeddings of generated vs real held-out faces), also
    for virtual faces from the untrained orthogonal projection, and faces generated from real identities of
    training people (``id_accuracy`` of the encoder's classifier).
 
-Outputs: a markdown table (mean ± std over seeds), ``results/tivdiff.json`` and ``results/tivdiff.png``
-(samples and bit accuracies).
+`report` puts the rows in that order and adds the pairs of ``settings.paired`` after the runner's (every row minus
+the original embedding); `plot` draws seed 0's samples and the bit accuracies. Outputs: a markdown table (mean ±
+std over seeds), ``results/tivdiff.json`` and ``results/tivdiff.png``.
 """
 from __future__ import annotations
 
-import logging
-import os
-import time
-
 import numpy as np
 import torch
-from lightning.pytorch import seed_everything
 from scipy import linalg
 from sklearn.metrics import roc_auc_score
 
 from callbacks.ema import EMAWeights
 from datamodules.face_renderer import gaussian_blur, synthetic_faces
-from datamodules.synthetic_faces import FaceDataModule, key_for_identities
-from experiments import kit
-from lightning_modules.tivdiff.tivdiff import MAX_KEY, TIVDiff, bit_accuracy, extract_message, message_bits
+from datamodules.synthetic_faces import key_for_identities
+from experiments import kit, runner
+from experiments.runner import ExperimentError
+from icml26.paired import paired_block
+from lightning_modules.tivdiff.tivdiff import MAX_KEY, bit_accuracy, extract_message, message_bits
 
-ENCODER_CONFIG = "configs/tivdiff/encoder_quick.yaml"   # stage 1: the identity encoder
-GENERATOR_CONFIG = "configs/tivdiff/quick.yaml"         # stage 2: VIP + generator on the frozen encoder
-
-PAPER = "Towards Trustworthy and Identifiable Virtual Face Generation (TIVDiff, ICML 2026; reconstruction)"
+ENCODER_ARM = "encoder"   # stage 1, read by `prepare` (init_from) and never a row
+_SAMPLES: dict = {}       # seed 0's sample faces, kept by `report` for `plot` (tensors are no JSON)
 
 
 def pair_auc(a: torch.Tensor, b: torch.Tensor, labels_a: torch.Tensor, labels_b: torch.Tensor,
@@ -80,48 +81,56 @@ def projection_metrics(e: torch.Tensor, v_a: torch.Tensor, v_b: torch.Tensor, la
             "reid_auc": pair_auc(e, v_a, labels, labels, False)}
 
 
-def data_overrides(args, seed: int) -> list[str]:
-    return [f"--data.init_args.num_identities={args.identities}", f"--data.init_args.images_per_identity={args.images}",
-            "--data.init_args.heldout_identity_fraction=0.25", "--data.init_args.batch_size=64",
-            f"--data.init_args.seed={seed}"]
+def prepare(run) -> dict:
+    """Stage 2 starts from stage 1's weights: ``init_from`` = the encoder run's last checkpoint (every weight matches
+    by name and shape, as the quick config's comment runs it by hand)."""
+    if run.arm.name == ENCODER_ARM:
+        return {}
+    encoder = run.earlier.get(ENCODER_ARM)
+    if encoder is None or not encoder.fitted:
+        raise ExperimentError(f"tivdiff: the arm {run.arm.name!r} needs the '{ENCODER_ARM}' arm run before it on "
+                              "the same seed (list it first in configs/tivdiff/experiment.yaml)")
+    last = [c for c in encoder.trainer.checkpoint_callbacks if not getattr(c, "monitor", None)]
+    path = last[0].best_model_path if last else ""
+    if not path:
+        raise ExperimentError("tivdiff: the encoder run saved no checkpoint; keep the monitor-less ModelCheckpoint "
+                              "of configs/tivdiff/encoder_quick.yaml")
+    return {"model.init_args.init_from": path}
 
 
-def make_model(config: str, args, num_train: int, seed: int | bool) -> TIVDiff:
-    """The config's TIVDiff with the experiment's sizes; ``seed`` is the CLI's seed_everything (False: none)."""
-    model, _ = kit.from_config(
-        config, f"--seed_everything={str(seed).lower()}", f"--model.init_args.num_train_identities={num_train}",
-        f"--model.init_args.embedding_dim={args.dim}", "--model.init_args.vip_hidden=64",
-        f"--model.init_args.unet_base_channels={args.unet_channels}",
-        f"--model.init_args.num_inference_steps={args.steps}", f"--model.init_args.watermark_bits={args.bits}",
-        f"--model.init_args.optimizer.init_args.lr={args.lr}")
-    return model
+def _setting(run, key: str) -> int:
+    value = run.settings.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ExperimentError(f"tivdiff: settings.{key} must be a positive integer, got {value!r}")
+    return value
 
 
-def fit(model: TIVDiff, data: FaceDataModule, steps: int, seed: int, callbacks=()) -> None:
-    seed_everything(seed, workers=True, verbose=False)
-    kit.quiet_trainer(callbacks, max_steps=steps, limit_val_batches=0).fit(model, datamodule=data)
+def evaluate(run) -> dict[str, float]:
+    """Stage 1: nothing (a helper run). Stage 2: the VIP, IGGW and quality measurements (module docstring) with
+    the EMA weights; returns the trained VIP's metrics and adds the other rows as ``run.derived``."""
+    if run.arm.name == ENCODER_ARM:
+        return {}
+    with torch.no_grad():
+        arms, samples = measure(run)
+    run.extra["rows"] = list(arms)
+    if run.seed == 0:
+        run.extra["samples"] = samples
+    own = arms.pop(run.arm.name)
+    run.derived.update(arms)
+    return own
 
 
 @torch.no_grad()
-def run_seed(seed: int, args) -> tuple[dict, dict]:
-    stages = kit.progress(None, f"seed {seed}: encoder, generator, evaluation", total=3)
-    _, data = kit.from_config(ENCODER_CONFIG, *data_overrides(args, seed))
-    data.setup("fit")
-    # the model's initialisation draws from the global RNG: seeded with `seed` (the data draws from its own streams)
-    encoder_stage = make_model(ENCODER_CONFIG, args, data.num_train_identities, seed)
-    with torch.enable_grad():
-        fit(encoder_stage, data, args.encoder_steps, seed)
-    stages.update()
-    # no reseeding: every weight is overwritten by stage 1's below, and fit() seeds the training
-    model = make_model(GENERATOR_CONFIG, args, data.num_train_identities, False)
-    model.load_state_dict(encoder_stage.state_dict())  # the frozen encoder of stage 1 (init_from in the configs)
-    ema = EMAWeights(decay=args.ema, warmup=True)
-    with torch.enable_grad():
-        fit(model, data, args.generator_steps, seed + 1000, [ema])
-    stages.update()
+def measure(run) -> tuple[dict, dict]:
+    model, data, seed = run.model, run.datamodule, run.seed
+    vip_identities, n_faces, n_few_steps = (_setting(run, k) for k in ("vip_identities", "faces", "few_steps"))
+    bits = model.watermark_bits
+    ema = [c for c in run.trainer.callbacks if isinstance(c, EMAWeights)]
+    if not ema:
+        raise ExperimentError("tivdiff: stage 2 has no EMAWeights callback; add it to the arm's trainer.callbacks")
     for name, p in model.named_parameters():  # evaluate with the EMA weights
-        if name in ema.averages:
-            p.copy_(ema.averages[name])
+        if name in ema[0].averages:
+            p.copy_(ema[0].averages[name])
     model.eval()
 
     val, test = data.split_tensors("val"), data.split_tensors("test")
@@ -132,7 +141,7 @@ def run_seed(seed: int, args) -> tuple[dict, dict]:
     v_a = model.virtual_identity(e_test, key_a)
 
     # ---- VIP on a fresh set of unseen people (more pairs than the held-out split: tighter AUCs)
-    fresh_images, _, fresh_ids, _, _ = synthetic_faces(args.vip_identities, 4, 16, seed=10_000 + seed)
+    fresh_images, _, fresh_ids, _, _ = synthetic_faces(vip_identities, 4, 16, seed=10_000 + seed)
     e_fresh = model.embed(fresh_images)
     fresh_a = key_for_identities(fresh_ids, seed)
     fresh_b = key_for_identities(fresh_ids, seed + 1)  # every person's second (different) user key
@@ -150,7 +159,7 @@ def run_seed(seed: int, args) -> tuple[dict, dict]:
 
     # ---- IGGW on virtual faces of held-out people (a seeded subset)
     gen = torch.Generator().manual_seed(seed)
-    rows = torch.randperm(len(labels), generator=gen)[:args.faces]
+    rows = torch.randperm(len(labels), generator=gen)[:n_faces]
     v, keys, geometry, lab, e_sub = v_a[rows], key_a[rows], test["geometry"][rows], labels[rows], e_test[rows]
     message, z_wm = model.watermarked_noise(v, keys, gen)
     z_plain = torch.randn(z_wm.shape, generator=gen)
@@ -158,12 +167,12 @@ def run_seed(seed: int, args) -> tuple[dict, dict]:
     faces_plain = model.generate(v, geometry, z_plain)
 
     def accuracy(faces, cond, key, msg):
-        return bit_accuracy(extract_message(model.invert(faces, cond, geometry), key, args.bits), msg)
+        return bit_accuracy(extract_message(model.invert(faces, cond, geometry), key, bits), msg)
 
     right = accuracy(faces_wm, v, keys, message)
     wrong_keys = (keys * 69621 + 7) % MAX_KEY
     v_wrong = model.virtual_identity(e_sub, wrong_keys)
-    wrong = accuracy(faces_wm, v_wrong, wrong_keys, message_bits(v_wrong, wrong_keys, args.bits))
+    wrong = accuracy(faces_wm, v_wrong, wrong_keys, message_bits(v_wrong, wrong_keys, bits))
     noise_gen = torch.Generator().manual_seed(seed + 1)
     noisy05 = accuracy((faces_wm + 0.05 * torch.randn(faces_wm.shape, generator=noise_gen)).clamp(0, 1), v, keys,
                        message)
@@ -171,9 +180,9 @@ def run_seed(seed: int, args) -> tuple[dict, dict]:
                        message)
     blurred = accuracy(gaussian_blur(faces_wm, 0.7), v, keys, message)
     unmarked = accuracy(faces_plain, v, keys, message)
-    few = model.invert(model.generate(v, geometry, z_wm, steps=args.few_steps), v, geometry, steps=args.few_steps)
-    few_steps = bit_accuracy(extract_message(few, keys, args.bits), message)
-    exact = bit_accuracy(extract_message(z_wm, keys, args.bits), message)
+    few = model.invert(model.generate(v, geometry, z_wm, steps=n_few_steps), v, geometry, steps=n_few_steps)
+    few_steps = bit_accuracy(extract_message(few, keys, bits), message)
+    exact = bit_accuracy(extract_message(z_wm, keys, bits), message)
     scores = torch.cat([right, unmarked]).numpy()
     truth = np.r_[np.ones(len(right)), np.zeros(len(unmarked))]
     arms["IGGW watermark"] = {
@@ -181,7 +190,7 @@ def run_seed(seed: int, args) -> tuple[dict, dict]:
         "bit_acc_wrong_key": float(wrong.mean()), "bit_acc_noise_0.05": float(noisy05.mean()),
         "bit_acc_noise_0.10": float(noisy10.mean()), "bit_acc_blur_0.7px": float(blurred.mean()),
         "bit_acc_unwatermarked": float(unmarked.mean()), "verify_auc": float(roc_auc_score(truth, scores)),
-        f"bit_acc_right_key_{args.few_steps}_ddim_steps": float(few_steps.mean())}
+        f"bit_acc_right_key_{n_few_steps}_ddim_steps": float(few_steps.mean())}
 
     # ---- quality with / without the watermark
     e_real = model.embed(test["image"])
@@ -193,7 +202,7 @@ def run_seed(seed: int, args) -> tuple[dict, dict]:
             "face_verif_auc": pair_auc(f, f, lab, lab, True),
             "face_reid_auc": pair_auc(f, e_sub, lab, lab, False),
             "frechet": frechet(f, e_real)}
-    rows_val = torch.randperm(len(val["identity"]), generator=gen)[:args.faces]
+    rows_val = torch.randperm(len(val["identity"]), generator=gen)[:n_faces]
     cond, geo_val, lab_val = e_val[rows_val], val["geometry"][rows_val], val["identity"][rows_val]
     keys_val = val["key"][rows_val]
     _, z_val_wm = model.watermarked_noise(cond, keys_val, gen)
@@ -207,20 +216,33 @@ def run_seed(seed: int, args) -> tuple[dict, dict]:
                "virtual_plain": faces_plain[:8],
                "virtual_key_b": model.generate(model.virtual_identity(e_sub[:8], (keys[:8] * 48271 + 11) % MAX_KEY),
                                                geometry[:8], z_wm[:8])}
-    stages.update()
-    stages.close()
     return arms, samples
 
 
-def markdown_table(arms: dict) -> str:
-    lines = ["| arm | metric | mean ± std |", "|---|---|---|"]
-    for arm, metrics in arms.items():
-        for metric, stat in metrics.items():
-            lines.append(f"| {arm} | {metric} | {stat['mean']:.3f} ± {stat['std']:.3f} |")
-    return "\n".join(lines)
+def report(result: dict, records: list[dict], spec) -> dict:
+    """The rows in the order of the measurements, and the pairs of ``settings.paired`` (``{baseline, arms}``, every
+    metric the two share) after the runner's."""
+    kept = [extra for seed in records for extra in seed.get("", {}).values() if "rows" in extra]
+    order = kept[0]["rows"] if kept else []
+    per_seed = [{arm: row[arm] for arm in [*order, *row] if arm in row} for row in result["per_seed"]]
+    _SAMPLES.clear()
+    _SAMPLES.update(next((extra["samples"] for extra in kept if "samples" in extra), {}))
+    block = {}
+    for pair in spec.settings.get("paired", []):
+        if not isinstance(pair, dict) or not isinstance(pair.get("baseline"), str) or \
+                not isinstance(pair.get("arms"), list):
+            raise ExperimentError(f"tivdiff: settings.paired entries are {{baseline: ARM, arms: [ARM, ...]}}, "
+                                  f"got {pair!r}")
+        block.update(paired_block(per_seed, pair["baseline"], None, pair["arms"]))
+    return {"arms": kit.summarise(per_seed), "per_seed": per_seed, "paired": block}
 
 
-def plot(arms: dict, samples: dict, path: str) -> None:
+def plot(result: dict, path) -> None:
+    """Seed 0's faces (real, geometry, virtual with key A with / without IGGW, key B) and the IGGW bit
+    accuracies (mean ± std over seeds)."""
+    arms, samples = result["arms"], dict(_SAMPLES)
+    if not samples:
+        return
     import matplotlib
 
     matplotlib.use("Agg")
@@ -249,43 +271,7 @@ def plot(arms: dict, samples: dict, path: str) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = kit.experiment_parser(__doc__.splitlines()[0], seeds=3)
-    parser.add_argument("--identities", type=int, default=60)
-    parser.add_argument("--images", type=int, default=12)
-    parser.add_argument("--dim", type=int, default=32)
-    parser.add_argument("--unet-channels", type=int, default=16)
-    parser.add_argument("--encoder-steps", type=int, default=200)
-    parser.add_argument("--generator-steps", type=int, default=700)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--ema", type=float, default=0.995)
-    parser.add_argument("--steps", type=int, default=50, help="DDIM sampling = inversion steps")
-    parser.add_argument("--few-steps", type=int, default=20, help="the DDIM step ablation of the watermark")
-    parser.add_argument("--vip-identities", type=int, default=200, help="unseen people for the VIP metrics")
-    parser.add_argument("--bits", type=int, default=32)
-    parser.add_argument("--faces", type=int, default=128, help="generated faces per seed and arm")
-    args = parser.parse_args(argv)
-    if args.smoke:  # the pipeline in seconds
-        args.identities, args.images, args.encoder_steps, args.generator_steps = 8, 4, 2, 2
-        args.steps, args.few_steps, args.vip_identities, args.faces = 4, 2, 8, 8  # steps must divide T = 1000
-    kit.quiet_single_thread()
-    logging.getLogger("lightning_modules").setLevel(logging.ERROR)
-    start = time.time()
-    per_seed, samples = [], None
-    for seed in kit.progress(range(args.seeds), "seeds"):
-        arms, seed_samples = run_seed(seed, args)
-        per_seed.append(arms)
-        samples = samples or seed_samples
-    arms = kit.summarise(per_seed)
-    config = {key: value for key, value in vars(args).items() if key not in ("seeds", "out")}
-    config.update(encoder_config=ENCODER_CONFIG, generator_config=GENERATOR_CONFIG)
-    result = kit.write_result(PAPER, seeds=args.seeds, wall_s=time.time() - start, config=config, arms=arms,
-                              per_seed=per_seed, out=args.out, name="tivdiff")
-    plot(arms, samples, os.path.join(args.out, "tivdiff.png"))
-    print(markdown_table(arms))
-    print(f"\nwall {result['wall_s']:.0f} s ({args.seeds} seeds)")
-    return result
+if __name__ == "__main__":  # the older spelling: python -m experiments.tivdiff [--smoke] [--seeds N] [--out DIR]
+    import sys
 
-
-if __name__ == "__main__":
-    main()
+    sys.exit(runner.experiment_command(["tivdiff", *sys.argv[1:]]))

@@ -61,6 +61,11 @@ def test_hide_and_ldarnet_moved_from_the_scripts_to_the_configured():
     assert {"rsir", "phyb"} <= set(SCRIPTS)  # still scripts: their protocols need runner features (docs)
 
 
+def test_tivdiff_and_spectral_guidance_moved_from_the_scripts_to_the_configured():
+    moved = {"tivdiff", "spectral_guidance"}
+    assert moved <= set(CONFIGURED) and not moved & set(SCRIPTS)
+
+
 @pytest.mark.parametrize("paper", CONFIGURED)
 def test_configured_experiment_has_no_command_line_of_its_own(paper):
     """A configured paper's module holds hooks only: no argparse, no ``main`` that could drift from the YAML."""

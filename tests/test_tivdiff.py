@@ -556,14 +556,24 @@ def test_lfw_pairs_errors_name_the_problem(tmp_path):
 # ============================================================================================ the claim (slow)
 @pytest.mark.slow
 def test_reduced_experiment_reproduces_the_mechanisms(tmp_path):
-    """One seed at reduced size: VIP keeps identities verifiable, is unlinkable across keys and far from the
-    original; the watermark is read with the right key (> 0.9) and not with a wrong one (~0.5)."""
-    from experiments.tivdiff import main
+    """One seed at reduced size through the runner (configs/tivdiff/experiment.yaml with smaller sizes): VIP keeps
+    identities verifiable, is unlinkable across keys and far from the original; the watermark is read with the
+    right key (> 0.9) and not with a wrong one (~0.5)."""
+    import yaml
 
-    result = main(["--seeds", "1", "--identities", "40", "--images", "10", "--dim", "32", "--unet-channels", "16",
-                   "--encoder-steps", "150", "--generator-steps", "300", "--ema", "0.99", "--steps", "50",
-                   "--few-steps", "10", "--bits", "32", "--faces", "48", "--lr", "2e-3", "--vip-identities", "60",
-                   "--out", str(tmp_path)])
+    from experiments.runner import experiment_path, run_experiment
+
+    spec = yaml.safe_load(experiment_path("tivdiff").read_text())
+    spec["overrides"].update({"data.init_args.num_identities": 40, "data.init_args.images_per_identity": 10,
+                              "model.init_args.num_train_identities": 30})
+    spec["arms"]["encoder"]["overrides"]["trainer.max_steps"] = 150
+    stage2 = spec["arms"]["VIP (trained)"]["overrides"]
+    stage2["trainer.max_steps"] = 300
+    stage2["trainer.callbacks+"]["init_args"]["decay"] = 0.99
+    spec["settings"].update(vip_identities=60, faces=48, few_steps=10)
+    path = tmp_path / "experiment.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    result = run_experiment("tivdiff", seeds=1, out=tmp_path, spec_path=path)
     arms = result["per_seed"][0]
     vip = arms["VIP (trained)"]
     assert vip["verif_auc"] > 0.9 and abs(vip["linkability_auc"] - 0.5) < 0.1 and abs(vip["cos_e_v"]) < 0.2
