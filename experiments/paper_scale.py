@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -39,8 +40,9 @@ PAPER_PARAMS = {"configs/ldarnet/pretrain_paper.yaml": (110_690_000, "LDARNet-11
 # Data-dependent sizes at the published datasets, for models that read them from the data (absent here).
 DATA_SIZES = {
     "configs/rsir/paper.yaml": ({"num_items": 12101}, "Amazon Beauty 5-core: 12,101 items (SASRec paper, Table 2)"),
-    "configs/nt_ssm/paper.yaml": ({"num_users": 6040, "num_items": 3706},
-                                  "MovieLens-1M: 6,040 users, 3,706 items"),
+    "configs/nt_ssm/paper.yaml": ({"num_users": 6039, "num_items": 3583},
+                                  "MovieLens-1M as the NT-SSM release splits it: 6,039 users, 3,583 items in training, "
+                                  "the shapes of its released embedding tables"),
 }
 # Checkpoints that share a published architecture (the instruction-tuned model of the same base).
 ALIASES = {"Llama-3.1-8B-Instruct": "Llama-3.1-8B"}
@@ -178,8 +180,27 @@ def build(path: str) -> dict:
 
         datamodule = None
         data_note = f"datamodule not built ({str(find_user_error(err) or err).splitlines()[0][:160]})"
+    if getattr(model, "structure", "") is None and hasattr(model, "structure_from"):
+        data_note = _build_from_release_files(path, model)
     return {"config": config, "model": model, "extra": extra, "datamodule": datamodule, "on_meta": on_meta,
             "notes": notes, "data_note": data_note, "name": name}
+
+
+def _build_from_release_files(path: str, model: nn.Module) -> str:
+    """A module that takes its sizes from the data (RNA-FM's genes, clusters and pathway tokens) is built from the
+    release-format files of its `experiments.paper_steps` case, which have the published shapes."""
+    from experiments.paper_steps import cases
+
+    case = cases().get(path)
+    if case is None:
+        return "datamodule not built (the model takes its sizes from data and no release-format case writes any)"
+    with tempfile.TemporaryDirectory(prefix="paper_scale_data_") as folder:
+        flags = case.write(Path(folder))
+        parser, config = parse(path, flags)
+        datamodule = _instantiate(parser, config, "data")
+        datamodule.setup("fit")
+        model._build(model.structure_from(datamodule))
+    return "model sized by its datamodule on release-format files at the published shapes (experiments.paper_steps)"
 
 
 # ============================================================================================ memory estimate
@@ -318,7 +339,8 @@ def estimate(built: dict) -> dict:
         notes.append(f"activations: saved tensors of one forward at batch {batch}")
     else:
         notes.append("activations not estimated (no input model for this module)")
-    return {"terms": terms, "total": sum(terms.values()), "notes": notes}
+    return {"terms": terms, "total": sum(terms.values()), "notes": notes,
+            "strategy": f"FSDP/{shards}" if shards > 1 else "one device per replica (DDP)"}
 
 
 def measured_activations(memory: dict, release: dict | None) -> None:
@@ -482,8 +504,12 @@ def check_config(path: str, cpu_steps: int = 0, gpu: bool = False, steps: int = 
     steppable = _hf_model(model) is not None or getattr(model, "example_input_array", None) is not None
     entry = {"params": int(params), "paper_params": paper, "built_on": "meta" if built["on_meta"] else "cpu",
              "train_memory_gib_per_device": round(total_gib, 3), "device_memory_gib": device_gib,
-             "fits": total_gib <= device_gib, "cpu_steps": 0, "step_s": None, "note": ""}
-    if release:
+             "fits": total_gib <= device_gib, "strategy": memory["strategy"], "cpu_steps": 0, "step_s": None,
+             "note": ""}
+    if release and release.get("not_run"):
+        entry["release_run"] = release
+        notes.append(f"train.py steps on {release['release_format']}: {release['not_run']}")
+    elif release:
         entry.update(cpu_steps=release["cpu_steps"], step_s=release["step_s"], release_run=release)
         what = (f"train.py: {release['cpu_steps']} optimizer steps (a resume from step {release['resumed_from']}) "
                 if release["cpu_steps"] else "train.py: test ")
@@ -516,22 +542,30 @@ def check_config(path: str, cpu_steps: int = 0, gpu: bool = False, steps: int = 
 
 
 def release_runs(configs: list[str], steps: int) -> dict[str, dict]:
-    """`experiments.paper_steps` for the configs, one fresh process per paper (its memory is its own)."""
-    by_paper: dict[str, list[str]] = {}
-    for path in configs:
-        by_paper.setdefault(Path(path).parent.name, []).append(path)
+    """`experiments.paper_steps` for the configs: one fresh process per config (its memory is its own: a chain of
+    7-8B-wide configs in one process held over 20 GiB), prerequisites first in their paper's folder."""
+    from experiments.paper_steps import cases, in_order
+
     figures: dict[str, dict] = {}
-    for paper, paths in by_paper.items():
-        with tempfile.TemporaryDirectory(prefix=f"paper_steps_{paper}_") as folder:
+    with tempfile.TemporaryDirectory(prefix="paper_steps_") as folder:
+        ordered = in_order(configs)
+        for index, path in enumerate(ordered):
+            paper_folder = Path(folder) / Path(path).parent.name
+            if index and Path(ordered[index - 1]).parent != Path(path).parent:  # a paper's GBs of checkpoints go
+                shutil.rmtree(Path(folder) / Path(ordered[index - 1]).parent.name, ignore_errors=True)
             out = Path(folder) / "figures.json"
             command = [sys.executable, "-m", "experiments.paper_steps", "--steps", str(steps), "--json", str(out),
-                       "--folder", folder, *(f"--config={path}" for path in paths)]
+                       "--folder", str(paper_folder.parent), f"--config={path}", "--prerequisites-done"]
             done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-            if done.returncode or not out.is_file():
-                raise RuntimeError(f"release-format steps of {paper} failed: "
-                                   f"{done.stderr.strip().splitlines()[-3:]}")
+            if done.returncode or not out.is_file():  # recorded, and the other configs still run
+                killed = " (killed: out of memory?)" if done.returncode == -9 else ""
+                figures[path] = {"release_format": cases()[path].release_format, "note": cases()[path].note,
+                                 "cpu_steps": 0, "step_s": None,
+                                 "not_run": f"failed{killed}: {' | '.join(done.stderr.strip().splitlines()[-2:])}"}
+                continue
             figures.update(json.loads(out.read_text()))
-    return figures
+            out.unlink()
+    return {path: figures[path] for path in configs}
 
 
 def markdown(results: dict) -> str:
@@ -546,6 +580,59 @@ def markdown(results: dict) -> str:
     lines += ["", "Notes per config:", ""]
     lines += [f"- `{path}`: {e['note']}" for path, e in results["configs"].items()]
     return "\n".join(lines) + "\n"
+
+
+README_BEGIN = "<!-- paper_scale table: python -m experiments.paper_scale --readme -->"
+README_END = "<!-- end of paper_scale table -->"
+
+
+def readme_table(results: dict) -> str:
+    """The README's "Scaling up" table, one row per paper, from ``paper_scale.json``."""
+    papers: dict[str, list[tuple[str, dict]]] = {}
+    for path, entry in results["configs"].items():
+        papers.setdefault(Path(path).parent.name, []).append((path, entry))
+    lines = [README_BEGIN, "| paper | configs | largest model | GiB per device (strategy) | fits | "
+             "train.py on release-format files |", "|---|---:|---:|---|---|---|"]
+    for paper, entries in sorted(papers.items()):
+        largest = max(entries, key=lambda item: item[1]["params"])[1]
+        heaviest = max(entries, key=lambda item: item[1]["train_memory_gib_per_device"])[1]
+        stepped = [e for _, e in entries if e["cpu_steps"] >= 2 and e.get("release_run")]
+        tested = [e for _, e in entries if (e.get("release_run") or {}).get("test_s") is not None]
+        not_run = [e for _, e in entries if (e.get("release_run") or {}).get("not_run")]
+        reduced = sum(1 for e in stepped if e["release_run"].get("note"))
+        parts = []
+        if stepped:
+            steps = sorted(e["step_s"] for e in stepped)
+            span = f"{steps[0]:.2g}" if steps[0] == steps[-1] else f"{steps[0]:.2g}-{steps[-1]:.2g}"
+            parts.append(f"{len(stepped)} fit + resume + predict ({span} s/step"
+                         + (f"; {reduced} reduced, see notes" if reduced else "") + ")")
+        if tested:
+            parts.append(f"{len(tested)} test + predict")
+        if not_run:
+            parts.append(f"{len(not_run)} not run (memory)")
+        missing = len(entries) - len(stepped) - len(tested) - len(not_run)
+        if missing:
+            parts.append(f"{missing} not run")
+        strategy = heaviest.get("strategy", "?").replace("one device per replica (DDP)", "DDP")
+        lines.append(f"| {paper} | {len(entries)} | {_count(largest['params'])} | "
+                     f"{heaviest['train_memory_gib_per_device']:.1f} ({strategy}) | "
+                     f"{'yes' if all(e['fits'] for _, e in entries) else 'NO'} | {'; '.join(parts)} |")
+    return "\n".join(lines + [README_END])
+
+
+def _count(params: int) -> str:
+    return f"{params / 1e9:.2f}B" if params >= 1e9 else f"{params / 1e6:.1f}M" if params >= 1e6 else f"{params:,}"
+
+
+def write_readme(results: dict, readme: Path = ROOT / "README.md") -> None:
+    """Replace the table between `README_BEGIN` and `README_END` in the README with `readme_table`."""
+    text = readme.read_text(encoding="utf-8")
+    if README_BEGIN not in text or README_END not in text:
+        raise UserInputError(f"{readme} has no paper_scale table markers ({README_BEGIN} ... {README_END}); add "
+                             "them where the table belongs.")
+    before, rest = text.split(README_BEGIN, 1)
+    after = rest.split(README_END, 1)[1]
+    readme.write_text(before + readme_table(results) + after, encoding="utf-8")
 
 
 def _previous(out: Path) -> dict:
@@ -573,7 +660,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--release-steps", type=int, default=2,
                         help="real train.py steps on release-format files before a resume (experiments.paper_steps; "
                              "0: keep the figures already in the JSON)")
+    parser.add_argument("--readme", action="store_true",
+                        help="only rewrite README.md's Scaling up table from <out>/paper_scale.json (no run)")
     args = parser.parse_args(argv)
+    if args.readme:
+        results = {"configs": _previous(Path(args.out))}
+        if not results["configs"]:
+            parser.error(f"--readme: no {Path(args.out) / 'paper_scale.json'}; run the check first.")
+        write_readme(results)
+        return results
     if args.gpu and args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--gpu needs a CUDA device; use --device cpu --tiny to test the path on CPU.")
     if args.steps < 2 and args.gpu:

@@ -2,15 +2,19 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from conftest import REPO
 from experiments import paper_scale
+from lightning_modules.shared.errors import UserInputError
 
 SCHEMA = {"params": int, "paper_params": (int, type(None)), "built_on": str, "train_memory_gib_per_device": float,
-          "device_memory_gib": float, "fits": bool, "cpu_steps": int, "step_s": (float, type(None)), "note": str}
+          "device_memory_gib": float, "fits": bool, "strategy": str, "cpu_steps": int, "step_s": (float, type(None)),
+          "note": str}
 
 
 def test_state_bytes_of_a_two_layer_mlp_with_adamw_in_fp32_is_16_bytes_per_parameter():
@@ -74,6 +78,7 @@ def test_schema_of_one_small_config(tmp_path):
     for key, kind in SCHEMA.items():
         assert isinstance(entry[key], kind), key
     assert entry["params"] == 2 and entry["built_on"] == "cpu" and entry["fits"]
+    assert entry["strategy"] == "one device per replica (DDP)"
     assert "| configs/tamed_sgd/paper.yaml |" in (tmp_path / "paper_scale.md").read_text()
 
 
@@ -126,3 +131,21 @@ def test_the_shard_count_follows_the_strategy():
     assert paper_scale._shards({**fsdp2, "init_args": {"data_parallel_size": "auto"}}, 8) == 8
     assert paper_scale._shards("fsdp", 8) == 8
     assert paper_scale._shards("ddp", 8) == 1 and paper_scale._shards(None, 1) == 1
+
+
+def test_the_readmes_scaling_table_is_generated_from_the_result():
+    """README.md's "Scaling up" table is `paper_scale.readme_table` of results/paper_scale.json (regenerate it with
+    ``python -m experiments.paper_scale --readme``)."""
+    results = json.loads((REPO / "results" / "paper_scale.json").read_text())
+    readme = (REPO / "README.md").read_text()
+    table = paper_scale.readme_table(results)
+    assert table in readme, "README.md's Scaling up table differs from results/paper_scale.json: run " \
+                            "`python -m experiments.paper_scale --readme`"
+    assert len(table.splitlines()) == len({Path(p).parent.name for p in results["configs"]}) + 4
+
+
+def test_write_readme_needs_the_markers(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# no table here\n")
+    with pytest.raises(UserInputError, match="no paper_scale table markers"):
+        paper_scale.write_readme({"configs": {}}, readme)
