@@ -601,11 +601,9 @@ def readme_table(results: dict) -> str:
         not_run = [e for _, e in entries if (e.get("release_run") or {}).get("not_run")]
         reduced = sum(1 for e in stepped if e["release_run"].get("note"))
         parts = []
-        if stepped:
-            steps = sorted(e["step_s"] for e in stepped)
-            span = f"{steps[0]:.2g}" if steps[0] == steps[-1] else f"{steps[0]:.2g}-{steps[-1]:.2g}"
-            parts.append(f"{len(stepped)} fit + resume + predict ({span} s/step"
-                         + (f"; {reduced} reduced, see notes" if reduced else "") + ")")
+        if stepped:  # step times stay in paper_scale.md: the README states no duration of its own
+            parts.append(f"{len(stepped)} fit + resume + predict" + (f" ({reduced} reduced, see notes)" if reduced
+                                                                      else ""))
         if tested:
             parts.append(f"{len(tested)} test + predict")
         if not_run:
