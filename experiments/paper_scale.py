@@ -546,6 +546,7 @@ def release_runs(configs: list[str], steps: int) -> dict[str, dict]:
     7-8B-wide configs in one process held over 20 GiB), prerequisites first in their paper's folder."""
     from experiments.paper_steps import cases, in_order
 
+    registry = cases()
     figures: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="paper_steps_") as folder:
         ordered = in_order(configs)
@@ -559,7 +560,7 @@ def release_runs(configs: list[str], steps: int) -> dict[str, dict]:
             done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
             if done.returncode or not out.is_file():  # recorded, and the other configs still run
                 killed = " (killed: out of memory?)" if done.returncode == -9 else ""
-                figures[path] = {"release_format": cases()[path].release_format, "note": cases()[path].note,
+                figures[path] = {"release_format": registry[path].release_format, "note": registry[path].note,
                                  "cpu_steps": 0, "step_s": None,
                                  "not_run": f"failed{killed}: {' | '.join(done.stderr.strip().splitlines()[-2:])}"}
                 continue

@@ -180,9 +180,10 @@ def run_case(config: str, case: Case, folder: Path, steps: int = 2, for_test: bo
     """
     done = {} if done is None else done
     registry = cases()
-    if case.too_big():
+    too_big = case.too_big()
+    if too_big:
         done[config] = {"release_format": case.release_format, "note": case.note, "cpu_steps": 0, "step_s": None,
-                        "not_run": case.too_big()}
+                        "not_run": too_big}
         return done[config]
     for prerequisite in case.after:
         if prerequisite not in done:
