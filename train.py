@@ -1,6 +1,5 @@
 """The collection's one entry point: a thin LightningCLI over every paper module and datamodule.
 
-    python train.py fit --config configs/trew/classifier_quick.yaml
     python train.py fit --config configs/tamed_sgd/quick.yaml --trainer.max_steps=100
     python train.py fit --config configs/trew/paper.yaml --config configs/trainer/gpu.yaml
     icml26 fit --config configs/trew/classifier_quick.yaml       # the same, as the installed console script
@@ -10,11 +9,12 @@ Every module of ``lightning_modules``, ``datamodules`` and ``callbacks`` is impo
 (``--model ImageClassifier``) work. W&B runs offline unless ``WANDB_MODE`` is set. Bad user input ends with one
 ``error:`` line and exit status 2. Configs may interpolate other keys of the final config
 (``dirpath: ${trainer.default_root_dir}/checkpoints``), resolved after every ``--config`` file and flag is applied.
-A ``--config`` path that does not exist relative to the working directory is looked up among the collection's own
-configs. The support code (error messages, checkpoint checks, config saving) lives in the ``icml26`` package.
+A ``--config`` path not found from the working directory is looked up among the collection's own configs. The
+support code (error messages, checkpoint checks and I/O, config saving) lives in the ``icml26`` package.
 """
 from __future__ import annotations
 
+import contextvars
 import os
 import sys
 from pathlib import Path
@@ -28,6 +28,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI  # noqa:
 
 from callbacks.progress import default_progress_bar  # noqa: E402
 from icml26 import checkpoints, run_files  # noqa: E402
+from icml26.checkpoint_io import load_settings_kept, map_loads_of, stream_checkpoint_saves  # noqa: E402
 from icml26.collection import __version__, import_collection, quiet_lightning_chatter, resolve_config_paths  # noqa
 from icml26.commands import COMMANDS, overview, run_command  # noqa: E402
 from icml26.parse_errors import CollectionArgumentParser, explain_run_error, find_user_error  # noqa: E402
@@ -36,8 +37,7 @@ from icml26.run_folders import with_failed_run_cleanup  # noqa: E402
 
 COLLECTION_MODULES = import_collection()
 quiet_lightning_chatter()
-# "omegaconf+" resolves ``${...}`` once, on the final config; each file's absolute references are rewritten relative
-# to their own key, so a file can say ``${trainer.default_root_dir}`` although a subcommand's keys sit under its name.
+# "omegaconf+" resolves ``${...}`` once, on the final config; a file's ``${trainer.x}`` is relative to its own key
 set_parsing_settings(omegaconf_absolute_to_relative_paths=True)
 
 
@@ -60,9 +60,11 @@ class CollectionCLI(LightningCLI):
         """Parse, then check ``--ckpt_path`` before LightningCLI applies its hyper-parameters (`icml26.checkpoints`)."""
         super().parse_arguments(parser, args)
         self.resume = checkpoints.read_resume_checkpoint(self.config)
+        map_loads_of(self.resume and self.resume["path"])  # LightningCLI reads its hyper-parameters next
         self._configured_model_values = checkpoints.model_values(self.config) if self.resume else {}
 
     def before_instantiate_classes(self) -> None:
+        map_loads_of(None)
         if self.resume:
             checkpoints.report_replaced_values(self.resume["path"], self._configured_model_values,
                                                checkpoints.model_values(self.config))
@@ -78,7 +80,7 @@ class CollectionCLI(LightningCLI):
             raise user_error from None
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
-        """The Trainer, with the collection's progress bar unless the config disables the bar or brings its own."""
+        """The Trainer, with our progress bar (unless configured), streamed saves and a folder per run (`icml26`)."""
         config = self.config_init[self.subcommand]["trainer"] if self.subcommand else self.config_init["trainer"]
         configured = config.get("callbacks") or []
         configured = configured if isinstance(configured, list) else [configured]
@@ -86,7 +88,8 @@ class CollectionCLI(LightningCLI):
                 and not any(isinstance(callback, ProgressBar) for callback in configured) \
                 and "callbacks" not in self.trainer_defaults:
             self.trainer_defaults = {**self.trainer_defaults, "callbacks": [default_progress_bar()]}
-        return run_files.with_checkpoint_run_folders(with_failed_run_cleanup(super().instantiate_trainer(**kwargs)))
+        trainer = stream_checkpoint_saves(super().instantiate_trainer(**kwargs))
+        return run_files.with_checkpoint_run_folders(with_failed_run_cleanup(trainer))
 
     def before_fit(self) -> None:
         checkpoints.check_checkpoint_fits_model(self.resume, self.model)
@@ -102,23 +105,18 @@ class CollectionCLI(LightningCLI):
     after_validate = after_test = after_fit
 
 
-CLI_KWARGS = dict(
-    model_class=LightningModule,
-    datamodule_class=LightningDataModule,
-    subclass_mode_model=True,
-    subclass_mode_data=True,
-    auto_configure_optimizers=False,
-    save_config_callback=RunConfigSaver,
-    parser_class=CollectionArgumentParser,
-    parser_kwargs={"parser_mode": "omegaconf+"},
-)
+CLI_KWARGS = dict(model_class=LightningModule, datamodule_class=LightningDataModule, subclass_mode_model=True,
+                  subclass_mode_data=True, auto_configure_optimizers=False, save_config_callback=RunConfigSaver,
+                  parser_class=CollectionArgumentParser, parser_kwargs={"parser_mode": "omegaconf+"})
 
 
 def main(args: list[str] | dict | None = None, run: bool = True, cli_class: type = CollectionCLI) -> LightningCLI:
-    """Build (and with ``run=True`` execute) the CLI; ``args`` replaces ``sys.argv[1:]`` (tests, the runner)."""
+    """Build (and with ``run=True`` execute) the CLI; ``args`` replaces ``sys.argv[1:]`` (tests, the runner). In a
+    context copy: jsonargparse's last parser stays in a context variable, which would keep the CLI and model alive."""
     if isinstance(args, list):
         args = resolve_config_paths(args)
-    return cli_class(args=args, run=run, **CLI_KWARGS)
+    with load_settings_kept():
+        return contextvars.copy_context().run(cli_class, args=args, run=run, **CLI_KWARGS)
 
 
 def console_main() -> None:

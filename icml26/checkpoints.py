@@ -42,7 +42,7 @@ def read_resume_checkpoint(config) -> dict | None:
         return None
     subcommand = config["subcommand"]
     try:
-        checkpoint = read_checkpoint(ckpt_path, trusted=False, what="--ckpt_path")
+        checkpoint = read_checkpoint(ckpt_path, trusted=False, what="--ckpt_path", mmap=True)  # shapes only
     except UserInputError as err:
         if "weights-only" not in str(err):
             raise

@@ -144,3 +144,24 @@ def test_step_based_runs_show_their_step_budget_and_no_version_column(tmp_path, 
     quiet = run_cli("fit", "--config", config_path("configs/tamed_sgd/quick.yaml"), "--trainer.max_steps=1",
                     "--trainer.enable_progress_bar=false")
     assert not [c for c in quiet.trainer.callbacks if isinstance(c, ProgressBar)]
+
+
+def test_a_finished_cli_run_frees_its_model_and_trainer(tmp_path, monkeypatch):
+    """Runs in one process (the experiment runner, the release-format steps) must not pile up: jsonargparse keeps
+    its last parser in a context variable, and the parser refers to the CLI, so `train.main` runs in a copy of the
+    context. Without that copy all three objects stay alive here."""
+    import gc
+    import weakref
+
+    import train
+
+    monkeypatch.chdir(tmp_path)
+
+    def run() -> list:
+        cli = train.main(["fit", "--config", "configs/tamed_sgd/quick.yaml", "--trainer.max_steps=2",
+                          "--trainer.enable_progress_bar=false", "--trainer.logger=false"])
+        return [weakref.ref(cli), weakref.ref(cli.model), weakref.ref(cli.trainer)]
+
+    refs = run()
+    gc.collect()
+    assert [ref() is None for ref in refs] == [True, True, True]

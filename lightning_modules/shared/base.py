@@ -46,11 +46,13 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def read_checkpoint(path: str, trusted: bool = False, what: str = "checkpoint") -> dict[str, Any]:
+def read_checkpoint(path: str, trusted: bool = False, what: str = "checkpoint", mmap: bool = False) -> dict[str, Any]:
     """Load a checkpoint file onto the CPU, turning every way it can be wrong into a `UserInputError`.
 
     Accepts a Lightning checkpoint (a dict with ``state_dict``) or a bare ``state_dict`` of tensors.
-    Returns ``{"state_dict": ..., **rest}``.
+    Returns ``{"state_dict": ..., **rest}``. ``mmap=True`` maps the tensors from the file instead of reading them
+    into memory (zip-format files): for callers that only read shapes or copy the tensors into a model at once, so a
+    7B checkpoint costs no second copy in memory. Such tensors must not be kept: the file may be rewritten later.
     """
     if not os.path.isfile(path):
         raise UserInputError(f"{what} '{path}' does not exist (or is not a file). Check the path; "
@@ -66,7 +68,8 @@ def read_checkpoint(path: str, trusted: bool = False, what: str = "checkpoint") 
         raise UserInputError(f"{what} '{path}' is not a torch checkpoint: it is {kind}, not the zip archive (or "
                              "legacy pickle) that torch.save writes. Point to a .ckpt/.pt file written by a run.")
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=not trusted)
+        payload = torch.load(path, map_location="cpu", weights_only=not trusted,
+                             mmap=mmap and head.startswith(b"PK\x03\x04"))
     except pickle.UnpicklingError as err:
         if not trusted and "global" in str(err).lower():  # a class outside the weights-only allow-list
             raise UserInputError(
@@ -236,7 +239,7 @@ class PaperModule(LightningModule):
     def load_initial_weights(self) -> dict[str, list[str]]:
         """Load `init_from` now (also usable outside a Trainer, where `setup` then leaves it alone); returns and logs
         the match report."""
-        payload = read_checkpoint(self.init_from, trusted=self.init_from_trusted, what="init_from")
+        payload = read_checkpoint(self.init_from, trusted=self.init_from_trusted, what="init_from", mmap=True)
         report = load_matching_weights(self, payload["state_dict"], source=f"init_from '{self.init_from}'")
         self.init_from_report = report
         self._init_from_settled = True
