@@ -63,6 +63,28 @@ def test_a_fit_that_does_not_reach_its_steps_is_an_error(tmp_path):
         run_case("configs/tamed_sgd/quick.yaml", case, tmp_path)
 
 
+def test_each_stage_frees_the_model_before_the_next_builds_its_own(tmp_path, monkeypatch):
+    """fit, resume and predict each build the model at full width: the earlier one must be gone by then (the step
+    timer, kept for its figures, held the module through the logging methods Lightning binds to every callback)."""
+    import gc
+    import weakref
+
+    import experiments.paper_steps as steps
+
+    models, alive_at_build = [], []
+
+    def recording(args):
+        gc.collect()
+        alive_at_build.append([ref() is not None for ref in models])
+        cli = real(args)
+        models.append(weakref.ref(cli.model))
+        return cli
+
+    real = steps._cli
+    monkeypatch.setattr(steps, "_cli", recording)
+    run_case("configs/tamed_sgd/quick.yaml", Case(lambda folder: [], release_format="embedded data"), tmp_path)
+    assert alive_at_build == [[], [False], [False, False]]
+
 def test_a_case_that_needs_more_memory_than_the_machine_is_not_run_and_says_so(tmp_path):
     def never(folder):
         raise AssertionError("the files of a case that is not run must not be written")

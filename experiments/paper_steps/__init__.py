@@ -250,6 +250,8 @@ def _fit(args: list[str]):
     if not cli.trainer.state.finished:
         raise RuntimeError("fit did not finish")
     timer = next(c for c in cli.trainer.callbacks if isinstance(c, StepTimer))
+    for attached in ("log", "log_dict"):  # Lightning binds the module's methods to every callback: the timer, kept
+        timer.__dict__.pop(attached, None)  # after the CLI is dropped, would otherwise keep the model alive
     return cli, timer
 
 
