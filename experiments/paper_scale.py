@@ -230,19 +230,21 @@ def state_bytes(params: list[tuple[int, int, bool]], states: int, ema: bool, sha
             "ema": (trainable if ema else 0) / shards}
 
 
-def decoder_activation_bytes(cfg, tokens: int, act_bytes: int, checkpointing: bool, logit_bytes: float) -> float:
+def decoder_activation_bytes(cfg, tokens: int, act_bytes: int, checkpointing: bool, logit_bytes: float,
+                             logit_positions: int | None = None) -> float:
     """Saved activations of one micro-batch through a decoder LM (SwiGLU, SDPA: no sequence-squared term).
 
     Per token and layer: 6h (norm inputs/outputs, q, attention output, residual) + 2 kv (k, v) + 4 I (gate, up,
     act(gate), product) elements; with checkpointing only each layer's input (h) plus one layer's working set are
-    kept. Logits: ``logit_bytes`` per token and vocabulary entry (GRPO's chunked log-probs: the logits and their
-    gradient, 2 x the activation width; an LM read at one position: the transient logits, 1 x)."""
+    kept. Logits: ``logit_bytes`` per vocabulary entry at ``logit_positions`` (default every token; GRPO's chunked
+    log-probs: the logits and their gradient, 2 x the activation width; the audio LLM reads one position per
+    question: float32 logits there)."""
     h, layers, inter, vocab = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size, cfg.vocab_size
     kv = getattr(cfg, "num_key_value_heads", cfg.num_attention_heads) * (
         getattr(cfg, "head_dim", None) or h // cfg.num_attention_heads)
     per_layer = (6 * h + 2 * kv + 4 * inter) * act_bytes
     body = (layers * h * act_bytes + per_layer) if checkpointing else layers * per_layer
-    return tokens * (body + vocab * logit_bytes)
+    return tokens * body + (tokens if logit_positions is None else logit_positions) * vocab * logit_bytes
 
 
 def probe_activation_bytes(model: nn.Module, example: torch.Tensor, autocast: bool) -> float:
@@ -323,11 +325,14 @@ def estimate(built: dict) -> dict:
         else:  # audio LLM: 1500 encoder frames pooled by pool_stride, plus ~256 question tokens (an assumption)
             seq, micro = 1500 // int(args.get("pool_stride") or 1) + 256, int(data.batch_size)
             notes.append(f"activations: batch {micro} x ~{seq} tokens (audio tokens + 256 question tokens, assumed)")
-        if "DPO" in name:
-            micro *= 2
-            notes.append("DPO: chosen + rejected")
-        logit_bytes = 2 * act if hasattr(args, "max_new_tokens") else act
-        terms["activations"] = decoder_activation_bytes(hf.config, micro * seq, act, checkpointing, logit_bytes)
+        if "DPO" in name:  # one policy pass scores every option; the reference's pass saves nothing (no_grad)
+            notes.append("DPO: chosen and rejected options scored in one policy pass")
+        if hasattr(args, "max_new_tokens"):
+            logit_bytes, positions = 2 * act, None
+        else:
+            logit_bytes, positions = 4, micro
+        terms["activations"] = decoder_activation_bytes(hf.config, micro * seq, act, checkpointing, logit_bytes,
+                                                        positions)
         notes.append("gradient checkpointing" if checkpointing else "no gradient checkpointing")
         if hasattr(args, "max_new_tokens"):
             notes.append("rollout KV cache not counted")

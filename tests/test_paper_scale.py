@@ -42,6 +42,8 @@ def test_decoder_activation_formula_by_hand():
     per_layer = (6 * 8 + 2 * 4 + 4 * 16) * 2                          # kv width 1 head x 4 = 4; 240 bytes
     assert paper_scale.decoder_activation_bytes(cfg, 3, 2, False, 4) == 3 * (2 * per_layer + 10 * 4)
     assert paper_scale.decoder_activation_bytes(cfg, 3, 2, True, 4) == 3 * (2 * 8 * 2 + per_layer + 10 * 4)
+    # logits at one position per sequence (PCLM's option scores): 2 sequences of 3 tokens
+    assert paper_scale.decoder_activation_bytes(cfg, 6, 2, False, 4, 2) == 6 * 2 * per_layer + 2 * 10 * 4
 
 
 def test_optimizer_state_counts_and_unknown_optimizer_is_an_error():

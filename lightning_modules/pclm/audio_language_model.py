@@ -331,10 +331,12 @@ class HFLanguageModel(nn.Module):
         return self.model.get_input_embeddings()(ids)
 
     def forward(self, embeddings: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Final (normed) hidden states from the decoder alone: the causal LM's own forward would also compute
+        logits at every position ([B, T, vocab], 0.53 GB per 850-token sequence at Qwen2's 156,032 tokens in
+        float32), where the option scores need them at one position (`logits`)."""
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        out = self.model(inputs_embeds=embeddings, attention_mask=mask.long(), position_ids=positions,
-                         output_hidden_states=True)
-        return out.hidden_states[-1]
+        return self.model.base_model(inputs_embeds=embeddings, attention_mask=mask.long(),
+                                     position_ids=positions).last_hidden_state
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.get_output_embeddings()(hidden)
