@@ -55,8 +55,8 @@ class Case:
     on one CPU (a smaller batch, fewer layers, a shorter generation): each is explained in ``note``, which is empty
     only when the run is the published configuration. ``test_args`` shrink it further for the slow test only
     (never the recorded figures). ``after`` lists the paper configs whose checkpoints this one starts from.
-    ``memory_gib`` is the CPU memory the run was measured to need where that is more than a 24 GiB machine has:
-    on a smaller machine the case is not run and its figures say so (`machine_memory_gib`).
+    ``memory_gib`` is the CPU memory the run was measured to need, where that is near or above what a laptop has:
+    on a machine with less the case is not run and its figures say so (`machine_memory_gib`).
     """
 
     write: Callable[[Path], list[str]]
@@ -73,7 +73,7 @@ class Case:
         """Why this machine cannot run the case (its memory is below ``memory_gib``), or None."""
         if self.memory_gib is None or machine_memory_gib() >= self.memory_gib:
             return None
-        return (f"not run: it needs {self.memory_gib:g} GiB of CPU memory or more (a 24 GiB machine killed it); "
+        return (f"not run: it needs {self.memory_gib:g} GiB of CPU memory or more (its measured peak); "
                 f"this machine has {machine_memory_gib():.1f} GiB")
 
 
