@@ -1,56 +1,54 @@
-"""PhyB vs PMDB vs MOPO vs the mean-ensemble target, and TD3+BC, offline, on CPU: ``python -m experiments.phyb``.
+"""PhyB vs PMDB vs MOPO vs the mean-ensemble target, and TD3+BC, offline on CPU: ``python -m experiments phyb``.
 
 Paper: "Regularized Offline Policy Optimization with Posterior Hybrid Bayesian Belief" (ICML 2026, arXiv
 2606.00680). Its claim: a Bellman target from a convex combination of the k most pessimistic of N sampled models
 (softmax of their normalised values, lambda = -3) is pessimistic enough to avoid the overestimation of a plain model
 ensemble and less brittle than PMDB's single order statistic.
 
-Per seed and dataset (the data seed, the ensemble and the policy initialisation change with the seed):
+The protocol is ``configs/phyb/experiment.yaml``, run by `experiments.runner`; this module holds its hooks. Per seed
+S (the data seed, the ensemble's and every policy's seed) and dataset (``currency_exchange``: CurrencyExchange with
+a uniform-random behaviour policy; ``pendulum``: Pendulum with the noisy medium controller, `datamodules.offline_rl`):
 
-1. data: ``currency_exchange`` = CurrencyExchange with a uniform-random behaviour policy; ``pendulum`` = Pendulum
-   with the noisy medium controller (`datamodules.offline_rl`), ``--transitions`` transitions each.
-2. one dynamics ensemble (``configs/phyb/ensemble_quick.yaml``: 7 members, 5 elites), shared by the four targets.
-3. arms ``<env>/mean``, ``<env>/mopo``, ``<env>/pmdb``, ``<env>/phyb``: ``configs/phyb/quick.yaml`` from that
-   ensemble, only ``belief_target`` changed (same actor-critic, same ``--steps`` training steps); ``<env>/td3_bc``:
-   the model-free TD3+BC (Fujimoto & Gu 2021, ``configs/phyb/td3_bc_quick.yaml``: the same critic sizes, batch,
-   optimiser and ``--steps`` batches, no ensemble). Every arm keeps its paper's settings (PhyB lambda = -3, MOPO
-   lambda = 1, PMDB k = 2, TD3+BC alpha = 2.5): no arm is tuned here and the last policy is evaluated, so nothing is
-   selected on the evaluation episodes.
-4. metrics over ``--episodes`` real-environment episodes (the code's acting rule; TD3+BC's deterministic actor):
-   ``return`` (mean undiscounted return), ``q_overestimation`` (critic Q(s0, a0) / reward_scale minus the discounted
-   Monte-Carlo return of the same episodes, signed), ``abs_q_bias`` (its absolute value: how far the critic is off on
-   average, whichever the sign) and ``q_abs_error`` (the mean of the per-episode absolute differences); the reference
-   row ``<env>/behaviour`` holds ``behaviour_return`` (the data-collecting policy).
-5. ``paired``: per metric, PhyB minus every other arm seed by seed, the mean and 95% t interval
-   (`icml26.claims.paired_interval`).
+1. ``<env>/ensemble`` (no row): one dynamics ensemble (``configs/phyb/ensemble_quick.yaml``: 7 members, 5 elites,
+   5 epochs of 60 batches); `evaluate` saves its final weights, shared by the four targets.
+2. ``<env>/mean``, ``/mopo``, ``/pmdb``, ``/phyb``: ``configs/phyb/quick.yaml`` from that ensemble (`prepare` sets
+   ``init_from``), only ``belief_target`` changed, ``trainer.max_steps`` optimiser steps each (one critic and one
+   actor step per training step); ``<env>/td3_bc``: the model-free TD3+BC (Fujimoto & Gu 2021,
+   ``configs/phyb/td3_bc_quick.yaml``: the same critic sizes, batch and optimiser, no ensemble) for
+   ``max_steps / 2`` batches in one epoch (`prepare`: its actor steps every second batch, so its optimiser-step
+   count is not the batch count). Every arm keeps its paper's settings (PhyB lambda = -3, MOPO lambda = 1, PMDB
+   k = 2, TD3+BC alpha = 2.5): no arm is tuned and the last policy is evaluated, so nothing is selected on the
+   evaluation episodes.
+3. `evaluate`: ``settings.episodes`` real-environment episodes from seed 10,000 + S (the code's acting rule; TD3+BC's
+   deterministic actor): ``return`` (mean undiscounted return), ``q_overestimation`` (critic Q(s0, a0) /
+   reward_scale minus the discounted Monte-Carlo return of the same episodes, signed), ``abs_q_bias`` (its absolute
+   value: how far the critic is off on average, whichever the sign) and ``q_abs_error`` (the mean of the per-episode
+   absolute differences); the td3_bc run adds the reference row ``<env>/behaviour`` with ``behaviour_return`` (the
+   data-collecting policy's return).
+4. `report`: the pairs of ``settings.paired`` (per dataset, PhyB minus every other arm seed by seed:
+   `icml26.paired.paired_block`, the mean and 95% t interval) after the runner's pairs of the Pendulum rows against
+   ``baseline``; prints a table per dataset. `plot`: the PNG.
 
-``--seed-ids`` runs chosen seeds (e.g. one process per seed) and ``--merge`` joins such JSONs (same settings) into one.
-Outputs: a markdown table per environment (mean ± std over seeds), ``results/<name>.json`` and ``results/<name>.png``.
+Longer budgets are ablations of the whole protocol, e.g. ``python -m experiments phyb --set trainer.max_steps=6000
+--name phyb_3000_steps`` (3,000 training steps; docs/phyb.md lists the commands of every landed table).
 """
 from __future__ import annotations
 
-import json
-import logging
-import os
-import tempfile
-import time
+from pathlib import Path
 
-from callbacks.offline_evaluation import evaluate
+from callbacks.offline_evaluation import evaluate as evaluate_in_env
 from experiments import kit
+from experiments.runner import ExperimentError, arm_flags
+from lightning_modules.shared.errors import UserInputError
 
-ENSEMBLE, POLICY = "configs/phyb/ensemble_quick.yaml", "configs/phyb/quick.yaml"
-MODEL_FREE = "configs/phyb/td3_bc_quick.yaml"
 TARGETS = ("mean", "mopo", "pmdb", "phyb")
 ARMS = (*TARGETS, "td3_bc")
 METRICS = ("return", "q_overestimation", "abs_q_bias", "q_abs_error")
-# environment -> (data overrides, model overrides shared by both model-based stages)
-DATASETS = {
-    "currency_exchange": (["--data.init_args.source=currency_exchange", "--data.init_args.behaviour=random"],
-                          ["--model.init_args.termination=currency_exchange"]),
-    "pendulum": (["--data.init_args.source=pendulum", "--data.init_args.behaviour=medium"],
-                 ["--model.init_args.termination=none"]),
-}
-PAPER = "Regularized Offline Policy Optimization with Posterior Hybrid Bayesian Belief (PhyB, ICML 2026)"
+ENSEMBLE_CHECKPOINT = "ensemble.ckpt"  # the ensemble run's final weights, in its run folder
+
+
+class SettingError(ExperimentError, UserInputError):
+    """A setting of the PhyB protocol (experiment.yaml or ``--set``) that cannot run: one line, the fix included."""
 
 
 def q_metrics(result: dict[str, float]) -> dict[str, float]:
@@ -60,91 +58,140 @@ def q_metrics(result: dict[str, float]) -> dict[str, float]:
             "abs_q_bias": abs(result["q_overestimation"]), "q_abs_error": result["q_abs_error"]}
 
 
-def train_ensemble(env: str, seed: int, args, folder: str) -> str:
-    data, shared = DATASETS[env]
-    model, datamodule = kit.from_config(ENSEMBLE, f"--seed_everything={seed}", f"--data.init_args.seed={seed}",
-                                        f"--data.init_args.num_transitions={args.transitions}", *data, *shared)
-    trainer = kit.quiet_trainer(max_epochs=args.ensemble_epochs, gradient_clip_val=10.0, deterministic=True,
-                                limit_train_batches=args.ensemble_steps)
-    trainer.fit(model, datamodule=datamodule)
-    path = os.path.join(folder, f"ensemble_{env}_{seed}.ckpt")
-    trainer.save_checkpoint(path)
-    return path
+def split_arm(name: str) -> tuple[str, str]:
+    """``"<env>/<arm>"`` -> ``(env, arm)``; an arm of experiment.yaml named otherwise is one error line."""
+    env, sep, arm = name.partition("/")
+    if not sep or arm not in (*ARMS, "ensemble"):
+        raise SettingError(f"configs/phyb/experiment.yaml: arm {name!r} must be named <dataset>/<arm> with <arm> one "
+                           f"of {', '.join((*ARMS, 'ensemble'))}")
+    return env, arm
 
 
-def train_policy(env: str, target: str, seed: int, checkpoint: str, args) -> tuple[dict[str, float], object]:
-    data, shared = DATASETS[env]
-    model, datamodule = kit.from_config(
-        POLICY, f"--seed_everything={seed}", f"--data.init_args.seed={seed}",
-        f"--data.init_args.num_transitions={args.transitions}", *data, *shared,
-        f"--model.init_args.belief_target={target}", f"--model.init_args.init_from={checkpoint}")
-    # max_steps counts optimiser steps: critic + actor per training step
-    kit.quiet_trainer(max_steps=2 * args.steps, limit_val_batches=0, deterministic=True).fit(model,
-                                                                                             datamodule=datamodule)
-    return q_metrics(evaluate(model, datamodule.make_env(), args.episodes, seed=10_000 + seed)), datamodule
+def max_steps(run) -> int:
+    """The run's ``trainer.max_steps`` as given (experiment.yaml, smoke, ``--set``): the model-based arms' optimiser
+    steps, twice their training steps; must be a positive even number."""
+    given = [f.partition("=")[2] for f in arm_flags(run.spec, run.arm, run.variant)
+             if f.startswith("--trainer.max_steps=")]
+    value = given[-1] if given else None
+    try:
+        steps = int(value)
+    except (TypeError, ValueError):
+        steps = None
+    if steps is None or steps < 2 or steps % 2:
+        raise SettingError(f"trainer.max_steps={value}: must be a positive even number (one critic and one actor "
+                           "step per training step), e.g. --set trainer.max_steps=6000 for 3,000 steps")
+    return steps
 
 
-def train_td3_bc(env: str, seed: int, args) -> dict[str, float]:
-    """TD3+BC on the same data split for ``--steps`` batches (one epoch of that many: its actor steps every second
-    batch, so the optimiser-step count is not the batch count), evaluated on the same episodes."""
-    data, _ = DATASETS[env]
-    model, datamodule = kit.from_config(
-        MODEL_FREE, f"--seed_everything={seed}", f"--data.init_args.seed={seed}",
-        f"--data.init_args.num_transitions={args.transitions}", *data,
-        f"--data.init_args.steps_per_epoch={args.steps}")
-    kit.quiet_trainer(max_epochs=1, limit_val_batches=0, deterministic=True).fit(model, datamodule=datamodule)
-    return q_metrics(evaluate(model, datamodule.make_env(), args.episodes, seed=10_000 + seed))
+def episodes(run) -> int:
+    """``settings.episodes``: the real-environment evaluation episodes per arm (20, as in the earlier script)."""
+    value = run.settings.get("episodes", 20)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SettingError(f"settings.episodes={value!r}: must be a positive integer (real-environment evaluation "
+                           "episodes per arm), e.g. 20")
+    return value
 
 
-def run_seed(seed: int, args, folder: str) -> dict:
-    arms = {}
-    targets = [t for t in TARGETS if t in args.arms]
-    bar = kit.progress(None, f"seed {seed}: ensembles and arms", total=len(args.envs) * (2 + len(targets)))
-    for env in args.envs:
-        if targets:
-            checkpoint = train_ensemble(env, seed, args, folder)
-        bar.update()
-        for target in targets:
-            arms[f"{env}/{target}"], datamodule = train_policy(env, target, seed, checkpoint, args)
-            bar.update()
-        if "td3_bc" in args.arms:
-            arms[f"{env}/td3_bc"] = train_td3_bc(env, seed, args)
-        bar.update()
-        if targets:
-            arms[f"{env}/behaviour"] = {"behaviour_return": datamodule.behaviour_return}
-    bar.close()
-    return arms
+def prepare(run) -> dict:
+    """Overrides computed per run: the ensemble trains its epochs whatever ``trainer.max_steps`` says; TD3+BC gets
+    ``max_steps / 2`` batches as one epoch (the old protocol's batch count); the model-based arms start from the
+    same seed's ensemble of their dataset (``init_from`` = its final weights)."""
+    env, arm = split_arm(run.arm.name)
+    steps = max_steps(run)
+    episodes(run)
+    if arm == "ensemble":
+        return {"trainer.max_steps": -1}
+    if arm == "td3_bc":
+        return {"data.init_args.steps_per_epoch": steps // 2, "trainer.max_steps": -1}
+    ensemble = run.earlier.get(f"{env}/ensemble")
+    if ensemble is None:
+        raise SettingError(f"{run.arm.name} starts from the arm {env}/ensemble, which did not run before it on seed "
+                           f"{run.seed}: list {env}/ensemble before it in configs/phyb/experiment.yaml")
+    return {"model.init_args.init_from": str(Path(ensemble.root) / ENSEMBLE_CHECKPOINT)}
 
 
-def paired_differences(per_seed: list[dict], envs: list[str], method: str = "phyb") -> dict:
-    """``{"<env>/phyb - <env>/<arm>": {metric: {mean, lo, hi, n}}}``: method minus each other arm, seed by seed,
-    with the 95% t interval of `icml26.claims.paired_interval` (lo = hi = NaN -> null for one seed)."""
-    from icml26.claims import paired_interval
-
-    paired = {}
-    for env in envs:
-        for baseline in ARMS:
-            if baseline == method:
-                continue
-            a, b = f"{env}/{method}", f"{env}/{baseline}"
-            cells = {}
-            for metric in METRICS:
-                diffs = [row[a][metric] - row[b][metric] for row in per_seed
-                         if metric in row.get(a, {}) and metric in row.get(b, {})]
-                if diffs:
-                    mean, lo, hi, n = paired_interval(diffs)
-                    cells[metric] = {"mean": mean, "lo": None if lo != lo else lo, "hi": None if hi != hi else hi,
-                                     "n": n}
-            if cells:
-                paired[f"{a} - {b}"] = cells
-    return paired
+def evaluate(run) -> dict[str, float]:
+    """The ensemble: save its final weights for the targets (no metrics). A policy: its last weights over
+    ``settings.episodes`` real episodes from seed 10,000 + S (`q_metrics`); the td3_bc run also adds the row
+    ``<env>/behaviour`` (the data's own return)."""
+    env, arm = split_arm(run.arm.name)
+    if arm == "ensemble":
+        Path(run.root).mkdir(parents=True, exist_ok=True)
+        run.trainer.save_checkpoint(str(Path(run.root) / ENSEMBLE_CHECKPOINT))
+        return {}
+    metrics = q_metrics(evaluate_in_env(run.model, run.datamodule.make_env(), episodes(run), seed=10_000 + run.seed))
+    if arm == "td3_bc":
+        run.derived[f"{env}/behaviour"] = {"behaviour_return": float(run.datamodule.behaviour_return)}
+    return metrics
 
 
-def plot(arms: dict, envs: list[str], path: str) -> None:
+def environments(arms) -> list[str]:
+    """The datasets of the result's rows, in order."""
+    return list(dict.fromkeys(name.partition("/")[0] for name in arms if "/" in name))
+
+
+def same_dataset(pair: str) -> bool:
+    """``"<env>/<arm> - <env>/<baseline>"``: both rows of the pair are of one dataset."""
+    first, _, second = pair.partition(" - ")
+    return first.partition("/")[0] == second.partition("/")[0]
+
+
+def paired_differences(per_seed: list[dict], pairs: list) -> dict:
+    """``{"<arm> - <baseline>": {metric: {mean, lo, hi, n}}}`` for every ``{baseline, arms}`` entry of ``pairs``
+    (``settings.paired``): each arm minus the baseline, seed by seed, with the 95% t interval of
+    `icml26.paired.paired_block` (lo = hi = None from one seed), on `METRICS`. Rows the run did not make (a smoke
+    run keeps Pendulum only) are skipped; a name that is no ``<dataset>/<arm>`` of the protocol is an error."""
+    from icml26.paired import paired_block
+
+    if not isinstance(pairs, list):
+        raise SettingError("settings.paired must be a list of {baseline: ROW, arms: [ROW, ...]}, e.g. "
+                           "{baseline: pendulum/pmdb, arms: [pendulum/phyb]}")
+    known = {arm for row in per_seed for arm in row}
+    block = {}
+    for entry in pairs:
+        if not isinstance(entry, dict) or set(entry) != {"baseline", "arms"} or not isinstance(entry["arms"], list):
+            raise SettingError(f"settings.paired entry {entry!r}: write {{baseline: ROW, arms: [ROW, ...]}}, e.g. "
+                               "{baseline: pendulum/pmdb, arms: [pendulum/phyb]}")
+        for name in (entry["baseline"], *entry["arms"]):
+            split_arm(str(name))
+        arms = [arm for arm in entry["arms"] if arm in known]
+        if entry["baseline"] in known and arms:
+            metrics = [m for m in METRICS if any(m in row.get(arm, {}) for row in per_seed for arm in arms)]
+            block.update(paired_block(per_seed, entry["baseline"], metrics, arms))
+    return block
+
+
+def report(result: dict, records: list[dict], spec) -> dict:
+    """The pairs of ``settings.paired`` (`paired_differences`: PhyB minus every other arm of its dataset), added
+    after the runner's pairs of every row minus ``baseline``, of which only those within the baseline's dataset are
+    kept (a CurrencyExchange arm minus a Pendulum arm compares two tasks); prints a table and the pairs per dataset."""
+    pairs = paired_differences(result["per_seed"], spec.settings.get("paired", []))
+    runner_pairs = result.get("paired")
+    if isinstance(runner_pairs, dict):  # the runner adds its block before the report's: drop its cross-dataset pairs
+        for pair in [p for p in runner_pairs if not same_dataset(p)]:
+            del runner_pairs[pair]
+    for env in environments(result["arms"]):
+        table = {arm: cells for arm, cells in result["arms"].items() if arm.startswith(env + "/")}
+        print(f"\n{env}\n{kit.markdown_table(table, [*METRICS, 'behaviour_return'])}")
+        for pair, cells in pairs.items():
+            if pair.startswith(env + "/"):
+                print(pair, "; ".join(f"{m} {c['mean']:.1f} [{_fmt(c['lo'])}, {_fmt(c['hi'])}]"
+                                      for m, c in cells.items()))
+    return {"paired": pairs}
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def plot(result: dict, path) -> None:
+    """Return, signed and absolute Q bias per arm (mean ± std over seeds), one column per dataset; the dashed line is
+    the behaviour data's return."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    arms, envs = result["arms"], environments(result["arms"])
     metrics = ("return", "q_overestimation", "abs_q_bias")
     fig, axes = plt.subplots(len(metrics), len(envs), figsize=(5 * len(envs), 8.5), squeeze=False)
     for col, env in enumerate(envs):
@@ -162,102 +209,9 @@ def plot(arms: dict, envs: list[str], path: str) -> None:
     plt.close(fig)
 
 
-def finish(per_seed: list[dict], seed_ids: list[int], config: dict, wall_s: float, out: str, name: str) -> dict:
-    """Summarise, pair and write ``<out>/<name>.json`` and ``.png``; print the tables."""
-    arms = kit.summarise(per_seed)
-    envs = config["envs"]
-    result = kit.write_result(PAPER, seeds=len(per_seed), wall_s=wall_s, config=config, arms=arms,
-                              per_seed=per_seed, out=out, name=name, seed_ids=seed_ids,
-                              paired=paired_differences(per_seed, envs))
-    plot(arms, envs, os.path.join(out, f"{name}.png"))
-    for env in envs:
-        table = {arm: cells for arm, cells in arms.items() if arm.startswith(env + "/")}
-        print(f"\n{env}\n{kit.markdown_table(table, [*METRICS, 'behaviour_return'])}")
-        for pair, cells in result["paired"].items():
-            if pair.startswith(env + "/"):
-                print(pair, "; ".join(f"{m} {c['mean']:.1f} [{c['lo'] or float('nan'):.1f}, "
-                                      f"{c['hi'] or float('nan'):.1f}]" for m, c in cells.items()))
-    print(f"\nwall {wall_s:.0f} s ({len(per_seed)} seeds)")
-    return result
+if __name__ == "__main__":  # the older spelling: python -m experiments.phyb [runner flags]
+    import sys
 
+    from experiments.runner import experiment_command
 
-# the settings two runs must share to be merged (the rest names files, seeds or arms)
-SETTINGS = ("smoke", "envs", "transitions", "ensemble_epochs", "ensemble_steps", "steps", "episodes")
-
-
-def merge(paths: list[str], out: str, name: str, drop: dict[str, list[str]] | None = None) -> dict:
-    """Join result JSONs run with the same settings into one: other seeds (``--seed-ids``) or, for the same seed,
-    other arms (``--arms``; every run of a seed trains the same ensemble from that seed). An arm present twice for
-    one seed is refused. A JSON without ``seed_ids`` holds the seeds 0, 1, ... in order. ``drop`` maps a file to
-    the arms left out of it (an arm re-run in another file after a fix); the result records them."""
-    drop = drop or {}
-    parts = [json.loads(open(path).read()) for path in paths]
-    config = dict(parts[0]["config"])
-    for path, part in zip(paths, parts):
-        if any(part["config"].get(key) != config.get(key) for key in SETTINGS):
-            raise SystemExit(f"{path} was run with other settings than {paths[0]} ({', '.join(SETTINGS)}); only "
-                             "equal runs can be merged.")
-    rows: dict[int, dict] = {}
-    for path, part in zip(paths, parts):
-        for seed, row in zip(part.get("seed_ids") or range(len(part["per_seed"])), part["per_seed"]):
-            merged = rows.setdefault(seed, {})
-            for arm, metrics in row.items():
-                if arm.split("/")[-1] in drop.get(path, []):
-                    continue
-                if arm in merged and not arm.endswith("/behaviour"):
-                    raise SystemExit(f"seed {seed} has the arm {arm} in two files; merge disjoint arms or seeds.")
-                cells = dict(metrics)
-                if "q_overestimation" in cells:  # files written before abs_q_bias was reported
-                    cells.setdefault("abs_q_bias", abs(cells["q_overestimation"]))
-                merged[arm] = cells
-    seed_ids = sorted(rows)
-    order = [f"{env}/{arm}" for env in config["envs"] for arm in (*ARMS, "behaviour")]
-    per_seed = [{arm: rows[seed][arm] for arm in order if arm in rows[seed]} for seed in seed_ids]
-    config["arms"] = sorted({arm.split("/")[1] for row in per_seed for arm in row} - {"behaviour"}, key=str)
-    config["merged_from"] = [os.path.basename(path) + (f" without {', '.join(drop[path])}" if drop.get(path) else "")
-                             for path in paths]
-    return finish(per_seed, seed_ids, config, sum(p["wall_s"] for p in parts), out, name)
-
-
-def main(argv: list[str] | None = None) -> dict:
-    parser = kit.experiment_parser(__doc__.splitlines()[0], seeds=3)
-    parser.add_argument("--envs", nargs="+", default=list(DATASETS), choices=list(DATASETS))
-    parser.add_argument("--transitions", type=int, default=20000, help="behaviour transitions per dataset")
-    parser.add_argument("--ensemble-epochs", type=int, default=5)
-    parser.add_argument("--ensemble-steps", type=int, default=60, help="ensemble batches per epoch")
-    parser.add_argument("--steps", type=int, default=500, help="actor-critic training steps per arm")
-    parser.add_argument("--episodes", type=int, default=20, help="real-environment evaluation episodes")
-    parser.add_argument("--name", default="phyb", help="name of the JSON and PNG in --out")
-    parser.add_argument("--seed-ids", type=int, nargs="+", default=None,
-                        help="run these seeds instead of 0 .. --seeds - 1 (to split a run over processes)")
-    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS),
-                        help="the arms to train (the ensemble is trained when a model-based target is among them)")
-    parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
-                        help="join result JSONs of the same settings (other seeds or other arms) into --out/--name")
-    parser.add_argument("--merge-drop", nargs="+", default=None, metavar="JSON:ARM,ARM",
-                        help="with --merge: leave these arms of that file out (an arm re-run in another file)")
-    args = parser.parse_args(argv)
-    if args.merge:
-        drop = {}
-        for item in args.merge_drop or []:
-            path, _, arms = item.rpartition(":")
-            drop[path] = arms.split(",")
-        return merge(args.merge, args.out, args.name, drop)
-    if args.smoke:
-        args.transitions, args.ensemble_epochs, args.ensemble_steps, args.steps, args.episodes = 500, 1, 3, 3, 2
-    seed_ids = args.seed_ids if args.seed_ids is not None else list(range(args.seeds))
-    kit.quiet_single_thread()
-    logging.getLogger("lightning_modules").setLevel(logging.ERROR)
-    config = {key: value for key, value in vars(args).items()
-              if key not in ("seeds", "out", "name", "seed_ids", "merge")}
-    config["configs"] = {"ensemble": ENSEMBLE, "policy": POLICY, "model_free": MODEL_FREE}
-    start, per_seed = time.time(), []
-    with tempfile.TemporaryDirectory() as folder:
-        for seed in kit.progress(seed_ids, "seeds"):  # the JSON is rewritten after every seed: a cut run keeps them
-            per_seed.append(run_seed(seed, args, folder))
-            result = finish(per_seed, seed_ids[:len(per_seed)], config, time.time() - start, args.out, args.name)
-    return result
-
-
-if __name__ == "__main__":
-    main()
+    sys.exit(experiment_command(["phyb", *sys.argv[1:]]))

@@ -3,7 +3,8 @@
 Paper: "Regularized Offline Policy Optimization with Posterior Hybrid Bayesian Belief" (ICML 2026, arXiv
 2606.00680). An offline RL user runs a standard library first; this puts d3rlpy 2.8.1 (Seno & Imai, JMLR 2022;
 ``pip install d3rlpy==2.8.1``, an optional extra) beside the PhyB experiment's primary result
-(``results/phyb_pendulum_10000_steps.json``, written by ``experiments/phyb.py``).
+(``results/phyb_pendulum_10000_steps.json``, written by the earlier ``experiments/phyb.py`` script with
+``--envs pendulum --steps 10000``; a result of ``python -m experiments phyb`` is read as well).
 
 Per seed S (the seeds of that result, 0 .. ``--seeds`` - 1):
 
@@ -124,13 +125,28 @@ def library_transitions(dataset) -> dict[str, np.ndarray]:
             "done": np.array([t.terminal for t in items], np.float32)}
 
 
+def _runner_config(config: dict) -> dict:
+    """``transitions``, ``steps`` and ``episodes`` of a result written by ``python -m experiments phyb``: its
+    ``pendulum/phyb`` arm's overrides (``trainer.max_steps`` counts a critic and an actor step per training step)."""
+    overrides = dict(item.lstrip("-").split("=", 1) for item in config["arms"][f"{ENV}/phyb"] if "=" in item)
+    return {"envs": [ENV], "transitions": int(overrides["data.init_args.num_transitions"]),
+            "steps": int(overrides["trainer.max_steps"]) // 2, "episodes": int(config["settings"]["episodes"])}
+
+
 def load_reference(path: Path, seeds: int) -> tuple[dict, list[dict]]:
-    """The PhyB experiment's config and its per-seed rows for the seeds 0 .. seeds - 1 (refused when absent)."""
+    """The PhyB experiment's settings and its per-seed rows for the seeds 0 .. seeds - 1 (refused when absent).
+    Reads the landed file of the earlier script (``config.envs``) and the runner's schema (``config.arms``)."""
     if not path.is_file():
-        raise UserInputError(f"no reference result {path}; run `python -m experiments.phyb --envs pendulum "
-                             "--steps 10000 --seeds 5 --name phyb_pendulum_10000_steps` first or pass --reference.")
+        raise UserInputError(f"no reference result {path}; run `python -m experiments phyb --seeds 5 --set "
+                             "trainer.max_steps=20000 --name phyb_10000_steps` first and pass --reference "
+                             "results/phyb_10000_steps.json.")
     result = json.loads(path.read_text())
     config, seed_ids = result["config"], result.get("seed_ids") or list(range(len(result["per_seed"])))
+    if "arms" in config and "envs" not in config:
+        if f"{ENV}/phyb" not in config["arms"]:
+            raise UserInputError(f"{path} has no {ENV}/phyb arm (arms {sorted(config['arms'])}); pass a result of "
+                                 "`python -m experiments phyb` that ran Pendulum.")
+        config = _runner_config(config)
     if ENV not in config.get("envs", []):
         raise UserInputError(f"{path} has no {ENV} runs (envs {config.get('envs')}); pass the Pendulum result.")
     rows = dict(zip(seed_ids, result["per_seed"]))
@@ -149,8 +165,7 @@ def reference_arms(row: dict) -> dict[str, dict[str, float]]:
 
 
 def split_for_seed(seed: int, transitions: int, steps: int):
-    """The datamodule ``experiments/phyb.py`` trains its TD3+BC on for this seed (its `train_td3_bc` overrides),
-    its training split as numpy, and the checksum; the split built from the model-based arms' config must match."""
+    """The datamodule the PhyB experiment's ``pendulum/td3_bc`` arm trains on for this seed, its training split as numpy, and the checksum; the split built from the model-based arms' config must match."""
     import yaml
 
     from datamodules.offline_rl import OfflineRLDataModule

@@ -78,13 +78,14 @@ def test_paired_differences_are_method_minus_baseline_seed_by_seed():
                                  "abs_q_bias": abs(float(i - j)), "q_abs_error": 1.0}
              for j, arm in enumerate(ARMS)} for i in range(3)]
     rows[1]["pendulum/phyb"]["return"] += 6.0
-    paired = paired_differences(rows, ["pendulum"])
+    pairs = [{"baseline": f"pendulum/{arm}", "arms": ["pendulum/phyb"]} for arm in ARMS if arm != "phyb"]
+    paired = paired_differences(rows, pairs)
     assert set(paired) == {f"pendulum/phyb - pendulum/{arm}" for arm in ARMS if arm != "phyb"}
     phyb, mean = ARMS.index("phyb"), ARMS.index("mean")
     diffs = [phyb - mean + (6.0 if i == 1 else 0.0) for i in range(3)]
     cell = paired["pendulum/phyb - pendulum/mean"]["return"]
     assert (cell["mean"], cell["lo"], cell["hi"], cell["n"]) == pytest.approx(paired_interval(diffs))
-    one = paired_differences(rows[:1], ["pendulum"])["pendulum/phyb - pendulum/mean"]["return"]
+    one = paired_differences(rows[:1], pairs)["pendulum/phyb - pendulum/mean"]["return"]
     assert one["n"] == 1 and one["lo"] is None and one["hi"] is None  # no interval from one seed
 
 
@@ -134,41 +135,3 @@ def test_td3_bc_bad_settings_are_one_clear_error():
         TD3BC(policy_delay=0)
     with pytest.raises(UserInputError, match="alpha"):
         TD3BC(alpha=0.0)
-
-
-def _result(path, seed_ids, arms, steps=10000, abs_bias=True):
-    import json
-
-    rows = []
-    for seed in seed_ids:
-        row = {}
-        for arm in arms:
-            cells = {"return": -100.0 - seed - len(arm), "q_overestimation": float(seed - 1)}
-            if abs_bias:
-                cells["abs_q_bias"] = abs(cells["q_overestimation"])
-            row[f"pendulum/{arm}"] = cells
-        rows.append(row)
-    config = {"smoke": False, "envs": ["pendulum"], "transitions": 20000, "ensemble_epochs": 5, "ensemble_steps": 60,
-              "steps": steps, "episodes": 20}
-    path.write_text(json.dumps({"config": config, "per_seed": rows, "seed_ids": seed_ids, "wall_s": 1.0}))
-    return str(path)
-
-
-def test_merge_joins_arms_and_seeds_and_refuses_what_does_not_fit(tmp_path):
-    from experiments.phyb import merge
-
-    # an earlier file (no abs_q_bias yet) whose mopo arm was re-run in a second file
-    earlier = _result(tmp_path / "earlier.json", [0, 1], ["mean", "mopo", "phyb"], abs_bias=False)
-    rerun = _result(tmp_path / "rerun.json", [1, 0], ["mopo", "td3_bc"])
-    with pytest.raises(SystemExit, match="seed 0 has the arm pendulum/mopo in two files"):
-        merge([rerun, earlier], str(tmp_path), "m")
-    result = merge([rerun, earlier], str(tmp_path), "m", drop={earlier: ["mopo"]})
-    assert result["seed_ids"] == [0, 1]
-    assert list(result["per_seed"][0]) == [f"pendulum/{arm}" for arm in ("mean", "mopo", "phyb", "td3_bc")]
-    assert result["per_seed"][1]["pendulum/mopo"]["return"] == -101.0 - 4  # from the re-run, seed 1
-    assert result["per_seed"][0]["pendulum/mean"]["abs_q_bias"] == 1.0     # back-filled from the signed bias
-    assert "earlier.json without mopo" in result["config"]["merged_from"]
-    assert "pendulum/phyb - pendulum/td3_bc" in result["paired"]
-    other = _result(tmp_path / "other.json", [2], ["mean"], steps=500)
-    with pytest.raises(SystemExit, match="other settings"):
-        merge([rerun, other], str(tmp_path), "m2")

@@ -64,6 +64,14 @@ def test_reference_rows_are_read_per_seed():
     assert arms["phyb"]["return"] == raw["pendulum/phyb"]["return"]
 
 
+
+def test_a_runner_result_is_read_as_a_reference():
+    """`python -m experiments phyb` writes its settings as per-arm overrides; the 500-step landed run reads as
+    20,000 transitions, 500 training steps (trainer.max_steps 1000 counts critic and actor steps) and 20 episodes."""
+    config, rows = exp.load_reference(exp.kit.RESULTS / "phyb.json", 3)
+    assert (config["transitions"], config["steps"], config["episodes"]) == (20000, 500, 20)
+    assert set(exp.reference_arms(rows[2])) == set(exp.REFERENCE_ARMS)
+
 @pytest.mark.parametrize("argv, match", [(["--seeds", "0"], "at least 1"), (["--seeds", "6"], "lacks"),
                                          (["--steps", "500"], "differs from the 10000 steps"),
                                          (["--reward-scale", "0"], "must be positive"),
