@@ -165,7 +165,8 @@ def reference_arms(row: dict) -> dict[str, dict[str, float]]:
 
 
 def split_for_seed(seed: int, transitions: int, steps: int):
-    """The datamodule the PhyB experiment's ``pendulum/td3_bc`` arm trains on for this seed, its training split as numpy, and the checksum; the split built from the model-based arms' config must match."""
+    """The datamodule the PhyB experiment's ``pendulum/td3_bc`` arm trains on for this seed, its training split as
+    numpy, and the checksum; the split built from the model-based arms' config must match."""
     import yaml
 
     from datamodules.offline_rl import OfflineRLDataModule
