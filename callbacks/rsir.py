@@ -26,9 +26,10 @@ fidelity check (the "no fidelity control" ablation, whose data grows geometrical
 theta_0 (EarlyStopping + ModelCheckpoint), and this callback, at ``on_fit_end``, reloads the best checkpoint,
 generates, and writes ALL synthetic sequences so far (earlier + new) to ``output_path`` (text, one sequence per
 line). Round k is the same config with ``--data.init_args.synthetic_from=<round k-1 output_path>``: a fresh
-model on D_k (the commands are in the header of configs/rsir/quick.yaml). (b) `run_rsir_rounds`, the
-in-process driver used by ``experiments/rsir.py``. ``generator_ckpt`` makes a different (e.g. weaker) model's
-checkpoint the generator (weak-to-strong).
+model on D_k (the commands are in the header of configs/rsir/quick.yaml). (b) `run_rsir_rounds`, an
+in-process driver. ``configs/rsir/experiment.yaml`` runs each round as an arm of its own: its prepare hook
+generates with `generate_into` and passes the file as ``synthetic_from``, as in (a). ``generator_ckpt``
+makes a different (e.g. weaker) model's checkpoint the generator (weak-to-strong).
 
 Deviation: the official code also passes a ``max_len`` argument that it ignores (its loop bound is the
 model's max_seq_len); here the bound is the data window ``max_len``. Defaults tau=20, p=0.5, m=5, min_len=3 are

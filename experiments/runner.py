@@ -27,6 +27,8 @@ Arm keys beyond ``configs`` / ``overrides`` / ``fit`` (all optional):
 * ``seed_offset: K`` (an integer >= 0, default 0): the model seed is S + K (``--seed_everything``) while the data
   seed stays S, for protocols that train several models on one data split with seeds of their own (a retrained
   reference and a shadow model beside the original, say);
+* ``seed_stride: M`` (an integer >= 1, default 1): the model seed is M * S + K, so that the models of one seed keep
+  apart from those of the next however many there are (RSIR's round k of seed S is trained with seed 1000 S + k);
 * ``seeds: N`` (>= 1): the arm runs on seeds 0 .. N-1 only (fewer than the experiment's), e.g. an expensive arm
   measured on 3 seeds beside a cheap one on 100; ``--seeds`` / ``smoke.seeds`` below N cap it;
 * ``row: false``: the run is made (hooks read it, see ``Run.earlier``) but its own metrics are no row of the result:
@@ -77,7 +79,7 @@ from experiments import kit
 
 TOP_KEYS = {"title", "seeds", "configs", "overrides", "arms", "variants", "smoke", "metrics", "baseline", "settings",
             "prepare", "evaluate", "report", "plot"}
-ARM_KEYS = {"configs", "overrides", "fit", "seed_offset", "seeds", "row"}
+ARM_KEYS = {"configs", "overrides", "fit", "seed_offset", "seed_stride", "seeds", "row"}
 VARIANT_KEYS = {"group", "overrides", "keep"}
 SMOKE_KEYS = {"overrides", "seeds", "variants", "settings", "arms"}
 SMOKE_ARM_KEYS = {"overrides"}
@@ -99,10 +101,11 @@ class Arm:
     configs: list[str]
     overrides: dict[str, Any]
     fit: bool = True
-    seed_offset: int = 0       # the model seed is S + seed_offset, the data seed S
+    seed_offset: int = 0       # the model seed is seed_stride * S + seed_offset, the data seed S
     seeds: int | None = None   # run on seeds 0 .. seeds-1 only (None: every seed of the experiment)
     row: bool = True           # False: a helper run, its own metrics are no row of the result
     smoke_overrides: dict[str, Any] = field(default_factory=dict)  # smoke.arms.<name>.overrides (smoke runs only)
+    seed_stride: int = 1       # see seed_offset
 
 
 @dataclass
@@ -221,12 +224,16 @@ def load_spec(name: str, smoke: bool = False, path: str | Path | None = None) ->
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise ExperimentError(f"{arm_where}.seed_offset must be an integer >= 0 (the model seed is S + "
                                   f"seed_offset), got {offset!r}")
+        stride = arm_raw.get("seed_stride", 1)
+        if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
+            raise ExperimentError(f"{arm_where}.seed_stride must be an integer >= 1 (the model seed is seed_stride "
+                                  f"* S + seed_offset), got {stride!r}")
         arm_seeds = arm_raw.get("seeds")
         if arm_seeds is not None and (isinstance(arm_seeds, bool) or not isinstance(arm_seeds, int) or arm_seeds < 1):
             raise ExperimentError(f"{arm_where}.seeds must be a positive integer (the arm runs on seeds 0 .. "
                                   f"seeds-1), got {arm_seeds!r}")
         arms.append(Arm(str(arm_name), configs, _overrides(arm_raw.get("overrides"), f"{arm_where}.overrides"),
-                        fit, offset, arm_seeds, row))
+                        fit, offset, arm_seeds, row, seed_stride=stride))
     if not any(arm.row for arm in arms):
         raise ExperimentError(f"{where}: every arm says row: false; at least one arm must be a row of the result")
     variants = []
@@ -369,8 +376,9 @@ class Run:
 
     @property
     def model_seed(self) -> int:
-        """``--seed_everything``: the seed plus the arm's ``seed_offset`` (the data seed is `seed`)."""
-        return self.seed + self.arm.seed_offset
+        """``--seed_everything``: the arm's ``seed_stride`` times the seed plus its ``seed_offset`` (the data seed is
+        `seed`)."""
+        return self.arm.seed_stride * self.seed + self.arm.seed_offset
 
     def build(self, args: list[str]):
         """A LightningCLI (not run) of ``args`` plus this run's seeds and output folder (``--seed_everything`` =
@@ -614,7 +622,10 @@ def _shown(flags: list[str], arm: Arm) -> list[str]:
     notes on what is not a flag: no fit, a model seed offset, fewer seeds, no row."""
     root = str(kit.REPO_ROOT) + os.sep
     notes = [note for note, given in (("(test only, no fit)", not arm.fit),
-                                      (f"(model seed S + {arm.seed_offset}, data seed S)", arm.seed_offset),
+                                      (f"(model seed S + {arm.seed_offset}, data seed S)",
+                                       arm.seed_offset and arm.seed_stride == 1),
+                                      (f"(model seed {arm.seed_stride} S + {arm.seed_offset}, data seed S)",
+                                       arm.seed_stride != 1),
                                       (f"(seeds 0-{(arm.seeds or 1) - 1} only)", arm.seeds is not None),
                                       ("(no row: read by the hooks)", not arm.row)) if given]
     return [f.removeprefix(root) for f in flags] + notes
