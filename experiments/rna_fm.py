@@ -1,179 +1,202 @@
-"""Reproduce RNA-FM's claims at small scale: ``python -m experiments.rna_fm`` (~45 min of one free core).
+"""RNA-FM vs two MSE regressors on synthetic slides: ``python -m experiments rna_fm`` (~26 min per seed on 2 cores).
 
 Paper: "RNA-FM: Flow-Matching Generative Model for Genome-wide RNA-Seq Prediction" (arXiv 2605.11622). Claims
-checked: (1) the flow-matching model predicts expression about as well as MSE regressors (which are optimal
-for the conditional mean, so no large Pearson gap is expected), and (2) as a generative model it captures the
-heterogeneity the regressors average away: better fit of the bimodal genes' distribution. The pathway-token
-ablation (one flat token) tests the structured velocity network.
+checked: (1) the flow-matching model predicts expression about as well as MSE regressors (which are optimal for the
+conditional mean, so no large Pearson gap is expected), and (2) as a generative model it captures the heterogeneity
+the regressors average away: better fit of the bimodal genes' distribution. The pathway-token ablation (one flat
+token) tests the structured velocity network.
 
-Setup: every arm starts from its quick config through `experiments.kit.from_config` (``configs/rna_fm/quick.yaml``
-for RNA-FM, ``he2rna_quick.yaml``, ``trnasformer_quick.yaml``) and overrides only what the experiment varies:
-the data scale, the seed, the width and the arm's switch. Data: the embedded synthetic slides
-(`SlideExpressionDataModule` at its default scale: 600 slides, 440 genes in 20 overlapping pathways + 40
-background genes, 25% of genes shifted by a hidden subtype the image shows only weakly, cluster features [32, 32]),
-a 60/20/20 train/val/test split per data seed (model seed = data seed).
+The protocol is configuration, ``configs/rna_fm/experiment.yaml``, run by `experiments.runner`: every model is built
+and trained as ``python train.py fit`` builds it (trainer and callbacks from the YAML; one seed S drives model and
+data). Data: the embedded synthetic slides (`SlideExpressionDataModule` at its default scale: 600 slides, 440 genes
+in 20 overlapping pathways + 40 background genes, 25% of genes shifted by a hidden subtype the image shows only
+weakly, cluster features [32, 32]), a 60/20/20 train/val/test split per seed.
 
-Tuning, the same for every trained arm (`candidate_grid`): the learning rate from ``LR_GRID`` (3e-4, 1e-3, 3e-3,
-1e-2, 3e-2; each arm keeps its config's optimiser, AdamW for RNA-FM, Adam for the regressors), EMA of the weights always
-on (`callbacks.ema.EMAWeights`, decay 0.999 with warm-up, as in quick.yaml; validation and test read the averaged
-weights), a fixed number of epochs with validation every ``--val-every`` epochs, and the weights of the best
-validation Pearson kept (`experiments.kit.KeepBest`). The candidate with the best validation Pearson is the arm's
-model; only it is tested, once. Selection reads the validation split only, never the test split. The chosen
-learning rate and every candidate's validation r are recorded per seed. The top-k gene lists come from validation.
-Test metrics (`lightning_modules.rna_fm.expression_eval.expression_metrics`): per-gene Pearson r of the point prediction
-(RNA-FM: mean of 19 samples) and of one sample, top-20/100 r on validation-chosen genes, RMSE (log units), BH-FDR
-significant genes, 90% rank-interval coverage from 19 samples, energy distance of the pooled samples to the test
-targets per gene, and the sample CRPS, all-gene and bimodal-gene. Regressors' samples are Gaussian around their
-prediction with a per-gene residual std from validation (without it a point regressor has zero-width intervals and
-coverage 0).
+Tuning, the same for every trained row: arms named ``"<row> @ lr=<lr>"`` (``row: false``) fit the row's config at
+each learning rate of one grid (3e-4, 1e-3, 3e-3, 1e-2, 3e-2; each keeps its config's optimiser, AdamW for RNA-FM,
+Adam for the regressors), with EMA weights always on (`callbacks.ema.EMAWeights`, decay 0.999 with warm-up: quick.yaml's
+callback for RNA-FM, appended in experiment.yaml for the regressors; validation and test read the averaged
+weights), 40 epochs of 12 steps (batch 32), validation every 8 epochs, grad-clip 1, and the config's ModelCheckpoint
+keeping the best validation Pearson. `evaluate` records each grid point (``lr``, ``ema``, ``val_pearson``,
+``best_epoch``, ``train_s``: Lightning's Timer over the fit). The row itself (``fit: false``) tests, once, the
+checkpoint with the best validation Pearson among its grid (`select`: ties to the earlier, smaller learning rate;
+the test split is read only here), with its trainer's EMA callback restoring the checkpoint's averaged weights. The
+top-k gene lists (RNA-FM) and the per-gene residual std (regressors) come from that checkpoint's validation pass.
 
-Training: 40 epochs of 12 steps (batch 32), validation every 8 epochs, grad-clip 1 for every arm; RNA-FM AdamW
-(wd 0.01, betas 0.9/0.99; quick.yaml's), regressors Adam (their configs'); learning rate and EMA as above.
+Test metrics (`lightning_modules.rna_fm.expression_eval.expression_metrics`): per-gene Pearson r of the point
+prediction (RNA-FM: mean of 19 samples) and of one sample, top-20/100 r on validation-chosen genes, RMSE (log units),
+BH-FDR significant genes, 90% rank-interval coverage from 19 samples, energy distance of the pooled samples to the
+test targets per gene, and the sample CRPS, all-gene, bimodal-gene and unimodal-gene. Regressors' samples are
+Gaussian around their prediction with a per-gene residual std from validation (without it a point regressor has
+zero-width intervals and coverage 0). Evaluation noise comes from per-slide generators (the module's
+``sample_seed`` and the slide index), so a checkpoint's test metrics do not depend on what ran before.
 
-Arms: ``RNA-FM`` (pathway tokens, hidden 64, depth 2, 4 heads, CFG drop 0.1, guidance 2, 19 Euler steps),
-``RNA-FM, CFG 1`` (the same trained weights sampled without guidance: evaluation-only), ``RNA-FM, flat token``
-(no pathway tokens), ``HE2RNA-lite`` (hidden 64, top-10 cluster pooling) and ``tRNAsformer-lite`` (dim 64, MLP
-128, no dropout).
+Rows: ``RNA-FM`` (pathway tokens, hidden 64, depth 2, 4 heads, CFG drop 0.1, guidance 2, 19 Euler steps),
+``RNA-FM, CFG 1`` (RNA-FM's chosen checkpoint sampled without guidance: ``settings.checkpoint_from``, no training),
+``RNA-FM, flat token`` (no pathway tokens), ``HE2RNA-lite`` (hidden 64, top-10 cluster pooling) and
+``tRNAsformer-lite`` (dim 64, MLP 128, no dropout), the baseline of the runner's pairs.
 
-Outputs: a markdown table on stdout and the kit's schema in ``<out>/rna_fm.json`` (``{"paper", "seeds", "wall_s",
-"config", "arms": {arm: {metric: {"mean", "std"}}}, "per_seed": [{"seed", "runs": {arm: every test metric, the
-validation r, best epoch and training seconds}}], "title"}``) and ``<out>/rna_fm.png``.
+Outputs: the runner's table, ``<out>/rna_fm.json`` (``{"paper": "rna_fm", "seeds", "wall_s", "config", "arms":
+{row: {metric: {"mean", "std"}}}, "per_seed": [{"seed", "runs": {row: every test metric, the validation r, best
+epoch, chosen lr, ema, training seconds summed over the grid, and the grid's records}}], "paired", "title",
+"chosen_lr", "machine"}``; `report` builds ``per_seed``, ``chosen_lr`` and the pairs of ``settings.paired``) and
+``<out>/rna_fm.png`` (`plot`). Reduced runs are ``--set`` overrides (docs/rna_fm.md).
 """
 from __future__ import annotations
 
-import time
-from pathlib import Path
+import sys
+
+import torch
+from lightning.pytorch.callbacks import Timer
 
 from callbacks.ema import EMAWeights
-from experiments.kit import (KeepBest, experiment_parser, from_config, markdown_table, progress, quiet_single_thread,
-                             quiet_trainer, summarise, write_result)
+# experiments/rna_fm_coverage.py (still a script with flags of its own) imports its fits from here
+from experiments._rna_fm_fit import DATA, SMOKE, fit_candidate  # noqa: F401
+from experiments.runner import ExperimentError, arm_flags
+from lightning_modules.shared.errors import UserInputError
 
-PAPER = "rna_fm"
 TITLE = "RNA-FM: Flow-Matching Generative Model for Genome-wide RNA-Seq Prediction (arXiv 2605.11622)"
-ARMS = ("RNA-FM", "RNA-FM, CFG 1", "RNA-FM, flat token", "HE2RNA-lite", "tRNAsformer-lite")
-TRAINED_ARMS = tuple(arm for arm in ARMS if arm != "RNA-FM, CFG 1")  # CFG 1 re-evaluates RNA-FM's weights
-METRICS = ("pearson", "pearson_1sample", "top20", "top100", "rmse", "n_significant", "coverage", "coverage_bimodal",
-           "energy", "energy_bimodal", "crps", "crps_bimodal", "val_pearson", "train_s")
-MONITOR = "val/pearson"
-LR_GRID = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)  # every trained arm searches the same learning rates
-EMA = dict(decay=0.999, warmup=True)  # RNA-FM's EMA (quick.yaml), on for every arm
-# the synthetic generator's default scale (the quick configs use a smaller one)
-DATA = dict(num_slides=600, num_pathway_genes=400, num_pathways=20, num_background_genes=40, num_clusters=32,
-            feature_dim=32, eval_batch_size=128)
-SMOKE = dict(num_slides=40, num_clusters=12, epochs=1, val_every=1, hidden=16, lrs=LR_GRID[1:3],
-             data=dict(DATA, num_pathway_genes=40, num_pathways=4, num_background_genes=8, feature_dim=8))
+GRID = " @ lr="      # a grid arm is named "<row> @ lr=<lr>"
+LR_KEY = "model.init_args.optimizer.init_args.lr"
+ROW_METRICS = ("val_pearson", "train_s")  # beside the test metrics in the runner's table (the rest: per_seed)
+PANELS = (("pearson", "test Pearson r (all genes)"), ("coverage_bimodal", "90% coverage, bimodal genes"),
+          ("energy_bimodal", "energy distance, bimodal genes (lower = better)"),
+          ("crps_bimodal", "CRPS, bimodal genes (lower = better)"))
 
 
-def candidate_grid(arm: str, lrs: tuple[float, ...] = LR_GRID) -> list[dict]:
-    """The candidates an arm is tuned over: the same for every trained arm (learning rate x EMA on)."""
-    if arm not in TRAINED_ARMS:
-        raise ValueError(f"{arm!r} is not trained (it re-evaluates RNA-FM's weights)")
-    return [dict(lr=float(lr), ema=True) for lr in lrs]
+class SettingError(ExperimentError, UserInputError):
+    """A setting of the RNA-FM protocol (experiment.yaml or ``--set``) that cannot run: one line, the fix included."""
 
 
-def arm_overrides(arm: str, hidden: int) -> tuple[str, tuple[str, ...]]:
-    """(config file, the arm's model overrides)."""
-    if arm.startswith("RNA-FM"):
-        pathway_tokens = "false" if arm == "RNA-FM, flat token" else "true"
-        return "configs/rna_fm/quick.yaml", (f"--model.init_args.hidden_dim={hidden}",
-                                             f"--model.init_args.pathway_tokens={pathway_tokens}")
-    if arm == "HE2RNA-lite":
-        return "configs/rna_fm/he2rna_quick.yaml", (f"--model.init_args.hidden_dim={hidden}",
-                                                    "--model.init_args.ks=[10]")
-    if arm == "tRNAsformer-lite":
-        return "configs/rna_fm/trnasformer_quick.yaml", (f"--model.init_args.dim={hidden}",
-                                                         f"--model.init_args.mlp_dim={2 * hidden}",
-                                                         "--model.init_args.dropout=0.0")
-    raise ValueError(arm)
+def grid_of(name: str) -> str | None:
+    """The row a grid arm ``"<row> @ lr=<lr>"`` tunes; None for a row."""
+    row, sep, _ = name.partition(GRID)
+    return row if sep else None
 
 
-def small_setup() -> dict:
-    """A reduced setting for the slow test (well under 2 minutes): one learning rate, the same for every arm."""
-    return dict(num_slides=300, num_clusters=16, epochs=30, val_every=10, hidden=48, lrs=(3e-3,))
+def checkpoint_source(run) -> str:
+    """The grid a test-only row reads its checkpoint from: ``settings.checkpoint_from[row]``, else its own name."""
+    mapping = run.settings.get("checkpoint_from") or {}
+    if not isinstance(mapping, dict):
+        raise SettingError(f"settings.checkpoint_from must map a row to the row whose grid it tests, e.g. "
+                           f"{{'RNA-FM, CFG 1': RNA-FM}}; got {mapping!r}")
+    return str(mapping.get(run.arm.name, run.arm.name))
 
 
-def fit_candidate(arm: str, seed: int, lr: float, ema: bool, num_slides: int = 600, num_clusters: int = 32,
-                  epochs: int = 40, val_every: int = 8, hidden: int = 64, data: dict | None = None):
-    """Train one candidate of one arm on one data seed; keep its best-validation weights (no test data read).
+def grid_runs(run) -> list:
+    """The same seed's earlier runs of the grid this row tests, in run order; one error line when there are none."""
+    source = checkpoint_source(run)
+    runs = [earlier for name, earlier in run.earlier.items() if grid_of(name) == source]
+    if not runs:
+        raise SettingError(f"row {run.arm.name!r} tests the checkpoint chosen among the arms '{source}{GRID}...', "
+                           f"none of which ran before it on seed {run.seed}: list them before it in "
+                           "configs/rna_fm/experiment.yaml")
+    return runs
 
-    Returns ``(record, model, datamodule)`` with ``record = {lr, ema, val_pearson, best_epoch, train_s}``.
-    """
-    data = dict(data or DATA, num_slides=num_slides, num_clusters=num_clusters)
-    config, model_overrides = arm_overrides(arm, hidden)
-    model, datamodule = from_config(config, f"--seed_everything={seed}", f"--data.init_args.seed={seed}",
-                                    *(f"--data.init_args.{k}={v}" for k, v in data.items()), *model_overrides,
-                                    f"--model.init_args.optimizer.init_args.lr={lr}")
-    keep = KeepBest(MONITOR, mode="max")  # before EMAWeights: it then sees the EMA weights (swapped out after it)
-    callbacks = [keep] + ([EMAWeights(**EMA)] if ema else [])
-    trainer = quiet_trainer(callbacks, max_epochs=epochs, check_val_every_n_epoch=val_every, gradient_clip_val=1.0)
-    start = time.perf_counter()
-    trainer.fit(model, datamodule=datamodule)
-    train_s = time.perf_counter() - start
-    keep.restore(model)
-    # validation runs at an epoch end, after that epoch's num_training_batches optimiser steps
-    best_epoch = keep.best_step // trainer.num_training_batches - 1
-    record = {"lr": float(lr), "ema": bool(ema), "val_pearson": float(keep.best_score), "best_epoch": best_epoch,
-              "train_s": train_s}
-    return record, model, datamodule
+
+def learning_rate(run) -> float:
+    """The grid arm's ``model.init_args.optimizer.init_args.lr`` as given (experiment.yaml, smoke, ``--set``)."""
+    given = [f.partition("=")[2] for f in arm_flags(run.spec, run.arm, run.variant) if f.startswith(f"--{LR_KEY}=")]
+    try:
+        return float(given[-1])
+    except (IndexError, ValueError):
+        raise SettingError(f"grid arm {run.arm.name!r} must set {LR_KEY} (a number) in its overrides") from None
+
+
+def prepare(run) -> dict:
+    """No computed overrides; checks the arm before it is built: a grid arm sets its learning rate and is fitted, a
+    row is test-only (``fit: false``) and comes after its grid."""
+    if grid_of(run.arm.name) is not None:
+        learning_rate(run)
+        if not run.arm.fit or run.arm.row:
+            raise SettingError(f"grid arm {run.arm.name!r} must be fitted and say row: false (its row reports the "
+                               "checkpoint validation chose)")
+        return {}
+    if run.arm.fit:
+        raise SettingError(f"row {run.arm.name!r} must say fit: false: it tests the checkpoint chosen among its grid "
+                           f"'{checkpoint_source(run)}{GRID}...'")
+    grid_runs(run)
+    return {}
+
+
+def candidate(run) -> dict:
+    """A fitted grid point: ``{lr, ema, val_pearson, best_epoch, train_s}`` from its trainer (the best score and
+    epoch of the ModelCheckpoint that monitors validation, Timer's training seconds, whether EMAWeights ran)."""
+    callbacks = run.trainer.callbacks
+    monitored = [c for c in run.trainer.checkpoint_callbacks if getattr(c, "monitor", None)]
+    timers = [c for c in callbacks if isinstance(c, Timer)]
+    if not monitored or not timers or monitored[0].best_model_score is None:
+        raise SettingError(f"grid arm {run.arm.name!r} needs a ModelCheckpoint monitoring val/pearson with a "
+                           "validation during the fit, and a lightning.pytorch.callbacks.Timer in trainer.callbacks")
+    epoch = torch.load(monitored[0].best_model_path, map_location="cpu", weights_only=False)["epoch"]
+    return {"lr": learning_rate(run), "ema": any(isinstance(c, EMAWeights) for c in callbacks),
+            "val_pearson": float(monitored[0].best_model_score), "best_epoch": int(epoch),
+            "train_s": float(timers[0].time_elapsed("train"))}
 
 
 def select(records: list[dict]) -> int:
-    """Index of the candidate with the best validation Pearson (ties: the first). Reads ``val_pearson`` only."""
+    """Index of the grid point with the best validation Pearson (ties: the first). Reads ``val_pearson`` only."""
     scores = [r["val_pearson"] for r in records]
     return max(range(len(scores)), key=lambda i: (scores[i], -i))
 
 
-def train_arm(arm: str, seed: int, lrs: tuple[float, ...] = LR_GRID, **sizes):
-    """Tune one arm over `candidate_grid` on validation, then test the chosen candidate once.
-
-    Returns (test metrics + validation r / best epoch / chosen lr / seconds over the grid / the grid, model,
-    datamodule).
-    """
-    records, best = [], None
-    for candidate in candidate_grid(arm, lrs):
-        record, model, datamodule = fit_candidate(arm, seed, candidate["lr"], candidate["ema"], **sizes)
-        records.append(record)
-        if select(records) == len(records) - 1:
-            best = (model, datamodule)
-        del model, datamodule
-    model, datamodule = best
-    chosen = records[select(records)]
-    evaluator = quiet_trainer()
-    evaluator.validate(model, datamodule=datamodule, verbose=False)  # validation r of the kept weights -> top-k genes
-    evaluator.test(model, datamodule=datamodule, verbose=False)
-    result = {**model.test_metrics, "val_pearson": chosen["val_pearson"], "best_epoch": chosen["best_epoch"],
-              "lr": chosen["lr"], "ema": chosen["ema"], "train_s": sum(r["train_s"] for r in records),
-              "grid": records}
-    return result, model, datamodule
+def evaluate(run) -> dict[str, float]:
+    """A grid arm: its record (kept in ``run.extra`` for the row). A row: the test of the checkpoint `select` chose
+    among its grid, from its own trainer (its EMA callback restores the checkpoint's averaged weights); the full
+    record (test metrics, validation r, best epoch, lr, ema, train_s summed over the grid, the grid) goes to
+    ``run.extra`` for `report`, the test metrics with ``val_pearson`` and ``train_s`` to the runner's table."""
+    if grid_of(run.arm.name) is not None:
+        run.extra["candidate"] = candidate(run)
+        return {k: float(v) for k, v in run.extra["candidate"].items()}
+    grid = grid_runs(run)
+    records = [g.extra["candidate"] for g in grid]
+    best = select(records)
+    chosen = records[best]
+    run.trainer.test(run.model, datamodule=run.datamodule, ckpt_path=grid[best].best_checkpoint(), verbose=False)
+    trained = checkpoint_source(run) == run.arm.name  # else the same weights evaluated otherwise: no training
+    record = {**run.model.test_metrics, "val_pearson": chosen["val_pearson"], "best_epoch": chosen["best_epoch"],
+              "lr": chosen["lr"], "ema": chosen["ema"],
+              "train_s": sum(r["train_s"] for r in records) if trained else 0.0,
+              **({"grid": records} if trained else {})}
+    run.extra.update(seed=run.seed, record=record)
+    return {**run.model.test_metrics, **{k: record[k] for k in ROW_METRICS}}
 
 
-def run_arm(arm: str, seed: int, **sizes) -> dict:
-    """`train_arm`'s metrics only."""
-    return train_arm(arm, seed, **sizes)[0]
+def report(result: dict, records: list[dict], spec) -> dict:
+    """``per_seed`` as ``[{"seed", "runs": {row: record}}]``, ``chosen_lr`` (row -> lr per seed), ``title`` and the
+    pairs of ``settings.paired`` (baseline -> rows) after the runner's pairs against ``baseline``."""
+    from icml26.paired import paired_block
+
+    per_seed = [{"seed": seed, "runs": {arm: extra["record"] for arm, extra in kept.get("", {}).items()
+                                        if "record" in extra}} for seed, kept in enumerate(records)]
+    rows = [s["runs"] for s in per_seed]
+    chosen_lr = {arm: [s["runs"][arm]["lr"] for s in per_seed if arm in s["runs"]] for arm in rows[0]}
+    pairs = spec.settings.get("paired") or {}
+    if not isinstance(pairs, dict) or not all(isinstance(v, list) for v in pairs.values()):
+        raise SettingError("settings.paired must map a baseline row to a list of rows, e.g. "
+                           "{'RNA-FM, flat token': [RNA-FM]}")
+    block = {}
+    for baseline, arms in pairs.items():
+        arms = [arm for arm in arms if any(arm in r for r in rows)]
+        if arms and any(baseline in r for r in rows):
+            measured = {m for r in rows for a in (baseline, *arms) for m in r.get(a, {})}
+            block.update(paired_block(rows, baseline, [m for m in spec.metrics if m in measured], arms=arms))
+    print("\nchosen lr per seed: " + "; ".join(f"{arm} {lrs}" for arm, lrs in chosen_lr.items()))
+    return {"per_seed": per_seed, "title": TITLE, "chosen_lr": chosen_lr, "paired": block}
 
 
-def evaluate_without_guidance(model, datamodule) -> dict:
-    """The same trained RNA-FM sampled with cfg_scale 1 (plain conditional velocity)."""
-    scale = model.hparams.cfg_scale
-    model.hparams.cfg_scale = 1.0
-    quiet_trainer().test(model, datamodule=datamodule, verbose=False)
-    model.hparams.cfg_scale = scale
-    return dict(model.test_metrics)
-
-
-def plot(arms: dict, path: Path) -> None:
+def plot(result: dict, path) -> None:
+    """Pearson r, bimodal coverage, energy distance and CRPS per row (mean ± std over seeds)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("pearson", "test Pearson r (all genes)"), ("coverage_bimodal", "90% coverage, bimodal genes"),
-              ("energy_bimodal", "energy distance, bimodal genes (lower = better)"),
-              ("crps_bimodal", "CRPS, bimodal genes (lower = better)")]
+    arms = result["arms"]
     names = list(arms)
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
-    for ax, (key, title) in zip(axes, panels):
-        means = [arms[a][key]["mean"] for a in names]
-        stds = [arms[a][key]["std"] for a in names]
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.6))
+    for ax, (key, title) in zip(axes, PANELS):
+        means = [arms[a][key]["mean"] if key in arms[a] else float("nan") for a in names]
+        stds = [arms[a][key]["std"] if key in arms[a] else 0.0 for a in names]
         colors = ["#37a" if n.startswith("RNA-FM") else "#999" for n in names]
         ax.barh(range(len(names)), means, xerr=stds, color=colors)
         ax.set_yticks(range(len(names)), names if ax is axes[0] else [""] * len(names), fontsize=8)
@@ -187,67 +210,7 @@ def plot(arms: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = experiment_parser(__doc__.splitlines()[0], seeds=3)
-    parser.add_argument("--epochs", type=int, default=40)
-    parser.add_argument("--val-every", type=int, default=8)
-    parser.add_argument("--slides", type=int, default=DATA["num_slides"])
-    parser.add_argument("--clusters", type=int, default=DATA["num_clusters"])
-    parser.add_argument("--hidden", type=int, default=64)
-    args = parser.parse_args(argv)
-    quiet_single_thread()
-    start = time.perf_counter()
-    if args.smoke:
-        sizes = dict(SMOKE)
-    else:
-        sizes = dict(num_slides=args.slides, num_clusters=args.clusters, epochs=args.epochs,
-                     val_every=args.val_every, hidden=args.hidden, data=DATA, lrs=LR_GRID)
-    per_seed = []
-    bar = progress(None, desc="rna_fm seeds x arms", total=args.seeds * len(TRAINED_ARMS))
-    for seed in range(args.seeds):
-        runs = {}
-        for arm in TRAINED_ARMS:
-            t0 = time.perf_counter()
-            result, model, datamodule = train_arm(arm, seed, **sizes)
-            runs[arm] = result
-            bar.update(1)
-            bar.write(f"seed {seed} {arm} (lr {result['lr']:g}): pearson {result['pearson']:.3f} cov_bimodal "
-                      f"{result.get('coverage_bimodal', float('nan')):.3f} energy_bimodal "
-                      f"{result.get('energy_bimodal', float('nan')):.3f} ({time.perf_counter() - t0:.0f} s)")
-            if arm == "RNA-FM":
-                runs["RNA-FM, CFG 1"] = {**evaluate_without_guidance(model, datamodule),
-                                         "val_pearson": result["val_pearson"], "best_epoch": result["best_epoch"],
-                                         "lr": result["lr"], "ema": result["ema"], "train_s": 0.0}
-        per_seed.append({"seed": seed, "runs": {arm: runs[arm] for arm in ARMS}})
-    bar.close()
-    arms = summarise([{arm: {m: r[m] for m in METRICS if m in r} for arm, r in s["runs"].items()}
-                      for s in per_seed])
-    wall = time.perf_counter() - start
-    config = {"configs": {arm: arm_overrides(arm, sizes["hidden"])[0] for arm in ARMS},
-              "varied": "data scale, seed, width (hidden_dim / dim, mlp_dim), the arm's switch (pathway_tokens, "
-                        "HE2RNA ks [10], tRNAsformer dropout 0)",
-              "data": dict(sizes["data"], num_slides=sizes["num_slides"], num_clusters=sizes["num_clusters"]),
-              "epochs": sizes["epochs"], "val_every": sizes["val_every"], "hidden": sizes["hidden"],
-              "gradient_clip_val": 1.0, "batch_size": 32,
-              "grid": {arm: candidate_grid(arm, sizes["lrs"]) for arm in TRAINED_ARMS},
-              "optimizer": {arm: "AdamW (wd 0.01, betas 0.9/0.99)" if arm.startswith("RNA-FM") else "Adam"
-                            for arm in TRAINED_ARMS},
-              "split": "60/20/20 train/val/test", "test_samples": 19, "sampling_steps": 19, "cfg_scale": 2.0,
-              "ema": "decay 0.999, warm-up, every arm",
-              "selection": f"per arm and seed: the candidate and epoch of best {MONITOR} (validation only); "
-                           "train_s sums the grid", "smoke": args.smoke}
-    chosen_lr = {arm: [s["runs"][arm]["lr"] for s in per_seed] for arm in ARMS}
-    result = write_result(PAPER, seeds=args.seeds, wall_s=wall, config=config, arms=arms, per_seed=per_seed,
-                          out=args.out, title=TITLE, chosen_lr=chosen_lr)
-    out = Path(args.out)
-    plot(arms, out / f"{PAPER}.png")
-    print(markdown_table(arms, ("pearson", "pearson_1sample", "top20", "rmse", "n_significant", "coverage",
-                                "coverage_bimodal", "energy", "energy_bimodal", "crps", "crps_bimodal")))
-    print("\nchosen lr per seed: " + "; ".join(f"{arm} {lrs}" for arm, lrs in chosen_lr.items()))
-    print(f"\nwall {wall:.0f} s (measured on a shared 2-core machine); results in {out / (PAPER + '.json')}, "
-          f"{out / (PAPER + '.png')}")
-    return result
+if __name__ == "__main__":  # the older spelling: python -m experiments.rna_fm [--smoke] [--seeds N] [--check] ...
+    from experiments.runner import experiment_command
 
-
-if __name__ == "__main__":
-    main()
+    sys.exit(experiment_command(["rna_fm", *sys.argv[1:]]))

@@ -512,16 +512,32 @@ def test_checkpoint_carries_structure_and_validation_gene_ranking():
 
 
 @pytest.mark.slow
-def test_reduced_experiment_claim():
-    """Reduced `experiments/rna_fm.py`: RNA-FM's Pearson r (mean of 19 samples) close to the MSE regressor's, and
-    its samples form real predictive intervals (a point regressor's coverage would be 0). The full experiment did
-    NOT reproduce better bimodal-gene coverage than a regressor with Gaussian residual intervals, so that is not
-    asserted here (see the report in results/rna_fm.json)."""
-    from experiments.rna_fm import run_arm, small_setup
+def test_reduced_experiment_claim(tmp_path, monkeypatch):
+    """Reduced configs/rna_fm/experiment.yaml through the runner (300 slides, 16 clusters, 30 epochs, validation every
+    10, width 48, one learning rate 3e-3; RNA-FM and tRNAsformer-lite only): RNA-FM's Pearson r (mean of 19 samples)
+    close to the MSE regressor's, and its samples form real predictive intervals (a point regressor's coverage would
+    be 0). The full experiment did NOT reproduce better bimodal-gene coverage than a regressor with Gaussian residual
+    intervals, so that is not asserted here (see the report in results/rna_fm.json)."""
+    import yaml
 
-    setup = small_setup()
-    fm = run_arm("RNA-FM", seed=0, **setup)
-    reg = run_arm("tRNAsformer-lite", seed=0, **setup)
+    from experiments import kit, runner
+
+    raw = yaml.safe_load((kit.REPO_ROOT / "configs" / "rna_fm" / "experiment.yaml").read_text())
+    width = {"RNA-FM": {"model.init_args.hidden_dim": 48},
+             "tRNAsformer-lite": {"model.init_args.dim": 48, "model.init_args.mlp_dim": 96}}
+    raw["arms"] = {name: {**arm, "overrides": {**arm["overrides"], **width[row]}} for name, arm in raw["arms"].items()
+                   for row in width if name in (row, f"{row} @ lr=0.003")}
+    raw["overrides"].update({"data.init_args.num_slides": 300, "data.init_args.num_clusters": 16,
+                             "trainer.max_epochs": 30, "trainer.check_val_every_n_epoch": 10})
+    raw["seeds"] = 1
+    raw["settings"]["paired"] = {}
+    del raw["smoke"]
+    path = tmp_path / "experiment.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    monkeypatch.chdir(tmp_path)
+    runs = runner.run_experiment("rna_fm", spec_path=path, out=tmp_path / "out")["per_seed"][0]["runs"]
+    fm, reg = runs["RNA-FM"], runs["tRNAsformer-lite"]
+    assert fm["lr"] == reg["lr"] == 0.003 and list(runs) == ["RNA-FM", "tRNAsformer-lite"]
     assert fm["pearson"] > reg["pearson"] - 0.08, (fm["pearson"], reg["pearson"])
     assert fm["pearson"] > fm["pearson_1sample"]  # averaging samples helps: the samples differ
     assert 0.5 < fm["coverage"] < 1.0
