@@ -473,17 +473,20 @@ def test_imagefolder_errors_name_the_problem(tmp_path):
 
 # ================================================================================= reduced claim (slow)
 @pytest.mark.slow
-def test_reduced_experiment_coupled_beats_enhance_then_classify(tmp_path):
-    """One seed, p = 0.3, 600 steps: the Parallel coupling is at least as accurate as Enhanced (the direction the
-    full experiment measured); every arm is far above chance; the results file has the collection's shape."""
-    from experiments.coupled_diffusion import main
+def test_reduced_experiment_coupled_beats_enhance_then_classify(tmp_path, monkeypatch):
+    """One seed, p = 0.3 (the smoke overlay's arms), 600 steps, a 20-epoch classifier: the Parallel coupling is at
+    least as accurate as Enhanced (the direction the full experiment measured); every arm is far above chance; the
+    results file has the collection's shape."""
+    from experiments import runner
 
-    payload = main(["--seeds", "1", "--levels", "0.3", "--steps", "600", "--classifier-epochs", "20",
-                    "--out", str(tmp_path / "cd")])
+    monkeypatch.chdir(tmp_path)
+    payload = runner.run_experiment("coupled_diffusion", smoke=True, out=tmp_path / "cd",
+                                    overrides={"trainer.max_steps": "600", "trainer.max_epochs": "20"})
     arms = payload["arms"]
-    assert {"paper", "seeds", "wall_s", "arms"} <= set(payload)
+    assert {"paper", "seeds", "wall_s", "arms"} <= set(payload) and payload["seeds"] == 1
     assert (tmp_path / "cd" / "coupled_diffusion.json").is_file()
     assert (tmp_path / "cd" / "coupled_diffusion.png").is_file()
+    assert arms["parallel (p=0.3)"]["train_steps"]["mean"] == 600
     accuracy = {arm.split(" ")[0]: value["acc"]["mean"] for arm, value in arms.items()}
     assert accuracy["clean"] > 0.9 and min(accuracy.values()) > 0.3
     assert accuracy["parallel"] >= accuracy["enhanced"] - 0.02

@@ -6,7 +6,7 @@ import torch
 
 from datamodules.corrupted_images import CorruptedImageDataModule
 from experiments import coupled_diffusion as exp
-from experiments import kit
+from experiments import kit, runner
 from test_coupled_diffusion import tiny_model  # one tiny configuration for both files
 
 
@@ -39,7 +39,9 @@ def test_sampling_calls_per_image_hand_counted_and_hooks_are_removed():
 
 
 def test_compute_matched_enhanced_gets_the_parallel_iterations_in_optimiser_steps():
-    assert exp.STRATEGY["enhanced_3x"] == "enhanced" and exp.SAMPLERS["enhanced_3x"] == "enhanced_3x"
-    assert "enhanced_3x" in exp.ARMS
-    model, _ = kit.from_config(exp.COUPLED_CONFIG)
-    assert model.hparams.coupling_iterations == exp.COMPUTE_FACTOR == 3
+    spec = runner.load_spec("coupled_diffusion")
+    assert "enhanced_3x" in exp.ARMS and spec.settings["step_factor"] == {"enhanced_3x": 3}
+    arm = next(a for a in spec.arms if a.name == "enhanced_3x (p=0.3)")
+    assert arm.overrides["model.init_args.strategy"] == "enhanced"  # Enhanced, trained 3x the optimiser steps
+    model, _ = kit.from_config(arm.configs[0])
+    assert model.hparams.coupling_iterations == spec.settings["step_factor"]["enhanced_3x"] == 3
