@@ -67,6 +67,35 @@ class LoaderGeneratorReplaySampler(EpochShuffleSampler):
         return iter(torch.randperm(self.num_samples, generator=gen).tolist())
 
 
+class ReplacementSampler(EpochShuffleSampler):
+    """Indices drawn uniformly WITH replacement, one ``torch.randint(num_samples, (batch_size,), generator=gen)``
+    per batch from one generator seeded with ``seed`` that runs on across epochs: the batches of the plain loop
+    ``gen = Generator().manual_seed(seed); for step: rows = torch.randint(n, (B,), generator=gen)``, step for step.
+
+    An epoch is ``num_samples // batch_size`` full batches (the sampler's length is a multiple of ``batch_size``,
+    so no batch is partial); epoch e first replays the draws of epochs 0 .. e-1, so the order is a pure function
+    of (seed, epoch) and a resumed run continues the same stream.
+    """
+
+    def __init__(self, num_samples: int, seed: int, batch_size: int) -> None:
+        super().__init__(num_samples, seed)
+        self.batch_size = int(batch_size)
+        if not 1 <= self.batch_size <= self.num_samples:
+            raise ValueError(f"ReplacementSampler: batch_size {batch_size} must be between 1 and the {num_samples} "
+                             "examples")
+
+    def __len__(self) -> int:
+        return (self.num_samples // self.batch_size) * self.batch_size
+
+    def __iter__(self):
+        gen = torch.Generator().manual_seed(self.seed)
+        batches = self.num_samples // self.batch_size
+        for _ in range(self.epoch * batches):  # the draws of the earlier epochs
+            torch.randint(self.num_samples, (self.batch_size,), generator=gen)
+        for _ in range(batches):
+            yield from torch.randint(self.num_samples, (self.batch_size,), generator=gen).tolist()
+
+
 def training_sampler(num_samples: int, seed: int, trainer, sampler_class=EpochShuffleSampler, **kwargs) -> Sampler:
     """The epoch-seeded training sampler (``sampler_class(num_samples, seed, **kwargs)``), already set to the
     trainer's current epoch (if any)."""

@@ -12,7 +12,10 @@ EOS (15 ids). Difficulty tier = max(#digits(a), #digits(b)).
 * SFT split (``train_split="sft"``, the supervised warm-up): ``sft_num_examples`` fresh sums with 1..``sft_max_digits``
   digits plus a ``sft_extra_fraction`` (5%) of ``sft_extra_digits``-digit sums, none of them in either pool
   (reconstruction of "freshly generated"; excluding both pools keeps the test pool held out and the
-  RL pool unseen).
+  RL pool unseen). SFT batches are shuffled per epoch (``sft_sampling="shuffle"``), or drawn with replacement,
+  ``sft_batch_size`` uniform indices per step from one stream seeded with ``seed`` (``"replacement"``,
+  `datamodules.sampling.ReplacementSampler`: the sampling of the RLVR experiments' former hand-written warm-up
+  loop, kept so that their SFT checkpoints stay the same).
 
 File loaders (``task="jsonl"`` or ``"parquet"``), files ``data_dir/train_file`` and ``data_dir/val_file``:
 
@@ -50,7 +53,8 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
-from datamodules.sampling import LoaderGeneratorReplaySampler, evaluation_sampler, training_sampler
+from datamodules.sampling import (LoaderGeneratorReplaySampler, ReplacementSampler, evaluation_sampler,
+                                  training_sampler)
 from lightning_modules.shared.errors import UserInputError, check_range
 
 TEST_ID_OFFSET = 1_000_000
@@ -383,6 +387,7 @@ class VerifiableTaskDataModule(LightningDataModule):
         train_pool_size, test_pool_size, digit_tiers: the embedded pools (stratified by max #digits; a tier
             listed k times gets k shares, e.g. ``[2, 2, 3]``: two thirds 2-digit sums).
         sft_num_examples, sft_max_digits, sft_extra_digits, sft_extra_fraction: the embedded SFT split.
+        sft_sampling: ``shuffle`` (a permutation per epoch) or ``replacement`` (uniform draws with replacement).
         tokenizer_path: local transformers folder whose tokenizer to use (default: a character tokenizer).
         use_chat_template: render chat-list prompts with that tokenizer's chat template.
         max_prompt_tokens: refuse prompts longer than this (None: no limit); prompts are never truncated.
@@ -396,13 +401,15 @@ class VerifiableTaskDataModule(LightningDataModule):
                  digit_tiers: list[int] | None = None, sft_num_examples: int = 200_000, sft_max_digits: int = 3,
                  sft_extra_digits: int = 4, sft_extra_fraction: float = 0.05, tokenizer_path: str | None = None,
                  use_chat_template: bool = True, max_prompt_tokens: int | None = None, seed: int = 0,
-                 num_workers: int = 0) -> None:
+                 num_workers: int = 0, sft_sampling: Literal["shuffle", "replacement"] = "shuffle") -> None:
         super().__init__()
         self.save_hyperparameters()
         for name in ("batch_size", "eval_batch_size", "sft_batch_size", "train_pool_size", "test_pool_size",
                      "sft_num_examples", "sft_max_digits", "sft_extra_digits"):
             check_range(name, getattr(self.hparams, name), low=1)
         check_range("sft_extra_fraction", sft_extra_fraction, 0.0, 1.0)
+        if sft_sampling not in ("shuffle", "replacement"):
+            raise UserInputError(f"sft_sampling={sft_sampling!r}: choose shuffle or replacement.")
         digit_tiers = [2, 3, 4, 5] if digit_tiers is None else list(digit_tiers)
         self.digit_tiers = digit_tiers
         if task == "reversed_addition":
@@ -474,7 +481,10 @@ class VerifiableTaskDataModule(LightningDataModule):
     def _loader(self, dataset, batch_size: int, shuffle: bool, sft: bool = False, shard: bool = False) -> DataLoader:
         # training: an order that is a pure function of (seed, epoch), so a resumed run continues it; evaluation
         # under DDP (shard): unpadded shards, so that reduced metrics equal one process's (datamodules.sampling)
-        if shuffle:
+        if shuffle and sft and self.hparams.sft_sampling == "replacement":
+            sampler = training_sampler(len(dataset), self.hparams.seed, self.trainer, ReplacementSampler,
+                                       batch_size=batch_size)
+        elif shuffle:
             sampler = training_sampler(len(dataset), self.hparams.seed, self.trainer, LoaderGeneratorReplaySampler,
                                        batch_size=batch_size)
         else:

@@ -1,4 +1,4 @@
-"""DARS vs uniform GRPO (and a compute-matched uniform, and breadth): ``python -m experiments.dars``.
+"""DARS vs uniform GRPO (and a compute-matched uniform, and breadth): ``python -m experiments dars`` (~1 h, 2 cores).
 
 Paper: "Depth-Breadth Synergy in RLVR: Unlocking LLM Reasoning Gains with Adaptive Exploration" (DARS,
 arXiv 2508.13755). The paper's multi-stage rollout (equal-treatment and hardness-weighted schedules) gives prompts
@@ -9,92 +9,78 @@ Primary result (the JSON's ``claim``): held-out test pass@1 of DARS-HW minus the
 by seed, with its 95% t interval (`icml26.claims.paired_interval`); held only if the interval excludes zero. The
 JSON's ``paired`` block gives every DARS arm minus ``uniform_matched`` and minus ``uniform`` (breadth only minus
 ``uniform``, which it costs the same as) for held-out pass@1, pass@32 on the two hardest test tiers and the
-training-time count of positive rollouts on hard prompts. That count shows that DARS' extra rollouts on hard
-prompts find more positives during training; it does not by itself show a better policy on held-out prompts.
+training-time count of positive rollouts on hard prompts (``settings.paired``), after the runner's pairs of every
+arm minus ``uniform_matched`` on the table's metrics. The count of hard positives shows that DARS' extra rollouts
+on hard prompts find more positives during training; it does not by itself show a better policy on held-out
+prompts.
 
-Same task, SFT warm-up (a per-seed checkpoint cached on disk) and GRPO runs as ``experiments.knapsack_rl``,
-from `experiments._rlvr`; every arm starts from ``configs/dars/quick.yaml`` and overrides only the scale and the
-arm: Â = r - group mean (no std, as DARS), the constant loss normaliser (so extra rollouts add gradient mass, as
-DARS' Σ ℓ m / L_max), one on-policy Adam step per batch, zero-variance groups
-dropped in every arm (with no std and a constant normaliser such groups have zero advantage, so the filter does
-not change any gradient here; it is set for parity with the DARS trainer). "Hard" = success rate < 0.1 under
-the SFT policy (32 samples, measured once per seed).
+The protocol is configuration, ``configs/dars/experiment.yaml``, run by `experiments.runner` (every arm built as
+``python train.py fit`` builds it, with its config's callbacks; one seed S drives model and data). Same task, SFT
+warm-up and GRPO runs as the knapsack_rl experiment (`experiments._rlvr`): per seed the SFT warm-up
+(``configs/grpo/sft_quick.yaml``, 9000 AdamW steps, no row), then every arm from ``configs/dars/quick.yaml`` and its
+checkpoint, overriding only the scale and the arm: Â = r - group mean (no std, as DARS), the constant loss
+normaliser (so extra rollouts add gradient mass, as DARS' Σ ℓ m / L_max), one on-policy Adam step per batch,
+zero-variance groups dropped in every arm (with no std and a constant normaliser such groups have zero advantage,
+so the filter does not change any gradient here; it is set for parity with the DARS trainer). "Hard" = success
+rate < 0.1 under the SFT policy (32 samples, measured once per seed).
 
 Arms (per seed, same prompts in the same order):
 * ``uniform``: N = 8.
 * ``dars_et``: N = 8, equal treatment, N_max = 32.  * ``dars_hw``: N = 8, hardness weighted, N_max = 64.
-* ``uniform_matched``: uniform with N = round(DARS-HW's mean rollouts per prompt) of the same seed.
-* ``breadth``: uniform N = 8 on the WHOLE pool per step, one full-batch optimiser step per PPO epoch and
-  2 PPO epochs (DARS-Breadth's update without DARS' rollouts), for the same total rollouts as ``uniform``.
+* ``uniform_matched``: uniform with N = round(DARS-HW's mean rollouts per prompt visit) of the same seed
+  (`prepare`, ``settings.matched``).
+* ``breadth``: uniform N = 8 on the WHOLE pool per step (`prepare`, ``settings.whole_pool``), one full-batch
+  optimiser step per PPO epoch and 2 PPO epochs (DARS-Breadth's update without DARS' rollouts), for the same total
+  rollouts as ``uniform``.
 
-Scale (defaults): tiers {2, 3, 4} with pool shares 6 : 1 : 1, SFT warm-up of 9,000 steps, RL pool 256, test pool
-256, 16 prompts per step, 48 steps, 5 seeds. Why this mix: DARS spends extra rollouts only on prompts whose stage-1
+Scale: tiers {2, 3, 4} with pool shares 6 : 1 : 1, SFT warm-up of 9,000 steps, RL pool 256, test pool 256, 16
+prompts per step, 48 steps, 5 seeds. Why this mix: DARS spends extra rollouts only on prompts whose stage-1
 accuracy is below 0.5, so its advantage over a uniform run of equal cost depends on hard prompts being a minority
 of the pool, as in the paper's training sets. The mix and warm-up were chosen after four earlier runs, using
 the training-time hard-positives ratio (a selection effect: the chosen setting's ratio is biased upwards): equal tier
 shares and a 3,000-step warm-up gave 1.05x, 0.75x and 0.69x across code revisions (67-71% of the pool hard;
-``results/dars_equal_tiers.json``: ``--tier-shares 1 1 1 --sft-steps 3000``), the 6 : 1 : 1 mix with that warm-up
-0.95x (61-73% hard, ``results/dars_mix611_sft3000.json``); the 9,000-step warm-up leaves about a quarter hard.
-``--paired-from JSON`` prints the paired comparison of a stored result.
-Outputs: markdown table, ``<out>/dars.json`` (the kit's schema plus ``paired`` and ``claim``) and ``<out>/dars.png``
-(cumulative hard positives vs cumulative rollouts per arm; rollout cost per arm).
+``results/dars_equal_tiers.json``), the 6 : 1 : 1 mix with that warm-up 0.95x (61-73% hard,
+``results/dars_mix611_sft3000.json``); the 9,000-step warm-up leaves about a quarter hard (docs/rlvr.md gives the
+runner commands of those settings).
+
+`evaluate` adds ``rollout_cost_vs_uniform`` and ``hard_positives_vs_uniform`` (against ``settings.cost_baseline``)
+to every arm's row; `report` adds the held-out pairs and ``claim`` (with ``matched_n``, ``hard_share_of_pool``
+and ``sft_p_below_half_share_of_pool`` per seed) and ``curves``; `plot` writes ``<out>/dars.png`` (cumulative hard
+positives vs cumulative rollouts per arm; rollout cost per arm).
 """
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import os
-import time
-from pathlib import Path
+import sys
 
 import numpy as np
 
 from experiments import _rlvr as rlvr
-from experiments.kit import experiment_parser, markdown_table, progress, quiet_single_thread, summarise, write_result
 from icml26.claims import HELD, paired_interval, paired_verdict
-from lightning_modules.rlvr.rollout_allocation import UniformAllocator
-from lightning_modules.shared.errors import UserInputError
 
-PAPER = ("Depth-Breadth Synergy in RLVR: Unlocking LLM Reasoning Gains with Adaptive Exploration "
-         "(DARS, arXiv 2508.13755)")
-CONFIG = "configs/dars/quick.yaml"
-ARMS = ("uniform", "dars_et", "dars_hw", "uniform_matched", "breadth")
-UNIFORM = f"--model.init_args.rollout_allocator={UniformAllocator.__module__}.UniformAllocator"
-BASELINES = ("uniform_matched", "uniform")  # the compute-matched baseline first: the primary comparison
+PAIRS = {"uniform_matched": ["dars_et", "dars_hw"], "uniform": ["dars_et", "dars_hw", "breadth"]}
 PRIMARY = ("dars_hw", "uniform_matched", "pass@1")  # held-out pass@1, DARS-HW minus the compute-matched uniform
 
 
-def held_out_metrics(args) -> list[str]:
+def held_out_metrics(tiers: list[int]) -> list[str]:
     """The paired metrics: held-out pass@1 and pass@32 on the two hardest test tiers, then the training-time count
     of positive rollouts on hard prompts (which measures exploration, not the trained policy)."""
-    return ["pass@1"] + [f"pass@32_tier{t}" for t in sorted(args.tiers)[-2:]] + ["hard_positives_total"]
+    return ["pass@1"] + [f"pass@32_tier{t}" for t in sorted(set(tiers))[-2:]] + ["hard_positives_total"]
 
 
-def paired_block(per_seed: list[dict], metrics: list[str]) -> dict:
-    """``{"<arm> - <baseline>": {metric: {"mean", "lo", "hi", "n"}}}``: seed-by-seed differences against each of
-    `BASELINES` with `icml26.claims.paired_interval` (95% t interval; ``lo``/``hi`` None with one seed)."""
+def paired_block(per_seed: list[dict], metrics: list[str], pairs: dict[str, list[str]] | None = None) -> dict:
+    """``{"<arm> - <baseline>": {metric: {"mean", "lo", "hi", "n"}}}`` for every baseline -> arms of ``pairs``
+    (default `PAIRS`): seed-by-seed differences with `icml26.claims.paired_interval` (95% t interval; ``lo``/``hi``
+    None with one seed)."""
     out = {}
-    for baseline in BASELINES:
-        for arm in ARMS:
-            if arm in BASELINES or (arm == "breadth" and baseline != "uniform"):  # breadth costs what uniform does
-                continue
+    for baseline, arms in (pairs or PAIRS).items():
+        for arm in arms:
             cells = {}
             for metric in metrics:
                 mean, lo, hi, n = paired_interval([row[arm][metric] - row[baseline][metric] for row in per_seed])
                 cells[metric] = {"mean": mean, "lo": None if n < 2 else lo, "hi": None if n < 2 else hi, "n": n}
             out[f"{arm} - {baseline}"] = cells
     return out
-
-
-def paired_table(pairs: dict) -> str:
-    """Markdown rows: difference, metric, mean and its 95% interval, seeds."""
-    lines = ["| difference | metric | mean | 95% interval | n |", "|---|---|---|---|---|"]
-    for name, cells in pairs.items():
-        for metric, c in cells.items():
-            interval = "-" if c["lo"] is None else f"[{c['lo']:+.4f}, {c['hi']:+.4f}]"
-            lines.append(f"| {name} | {metric} | {c['mean']:+.4f} | {interval} | {c['n']} |")
-    return "\n".join(lines)
 
 
 def ratio_interval(per_seed: list[dict], arm: str, baseline: str) -> dict:
@@ -120,33 +106,82 @@ def primary_claim(paired: dict, per_seed: list[dict]) -> dict:
             "dars_et_ratio_mean": ratio_interval(per_seed, "dars_et", "uniform_matched")["mean"]}
 
 
-def paired_from(path: str) -> dict:
-    """The paired block of a stored result (its ``per_seed`` and ``config.tiers``), computed without a run: the
-    same comparison for results written before the JSON carried it."""
-    file = Path(path)
-    try:
-        data = json.loads(file.read_text())
-        per_seed, tiers = data["per_seed"], data["config"]["tiers"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise UserInputError(f"--paired-from {path}: not a DARS result JSON with per_seed and config.tiers "
-                             f"({type(err).__name__}: {err}); pass a file written by experiments.dars.") from None
-    return paired_block(per_seed, held_out_metrics(argparse.Namespace(tiers=tiers)))
+# --------------------------------------------------------------------------------------------- hooks
+def prepare(run) -> dict:
+    """`experiments._rlvr.prepare` (init_from the warm-up, max_new_tokens), plus: the matched arm's rollouts per
+    prompt = max(N, round(rollouts of ``settings.matched.to`` / its prompt visits)) of this seed; the arms of
+    ``settings.whole_pool`` take the whole RL pool as one batch."""
+    from experiments.runner import ExperimentError
+
+    overrides = rlvr.prepare(run)
+    matched = run.settings.get("matched") or {}
+    if run.arm.name == matched.get("arm"):
+        source = run.earlier.get(matched.get("to"))
+        if source is None or "prompt_visits" not in source.extra:
+            raise ExperimentError(f"settings.matched: arm {run.arm.name!r} matches {matched.get('to')!r}, which is "
+                                  f"not an earlier GRPO arm of this seed (earlier: {list(run.earlier)}); list it "
+                                  "before")
+        base = int(source.model.hparams.rollouts_per_prompt)
+        per_visit = source.metrics["rollouts_total"] / source.extra["prompt_visits"]
+        overrides["model.init_args.rollouts_per_prompt"] = max(base, int(round(per_visit)))
+    if run.arm.name in (run.settings.get("whole_pool") or []):
+        warm_up = run.earlier[rlvr.warm_up_arm(run)]
+        overrides["data.init_args.batch_size"] = len(warm_up.datamodule.train_examples)
+    return overrides
 
 
-def plot(path: Path, curves: dict[str, list[list[dict]]], arms: dict) -> None:
+def evaluate(run) -> dict[str, float]:
+    """`experiments._rlvr.evaluate`, plus for GRPO arms the rollout cost and the hard positives relative to
+    ``settings.cost_baseline`` (an earlier arm of the seed, or this one), and the rollouts per prompt in
+    ``run.extra``."""
+    metrics = rlvr.evaluate(run)
+    if run.arm.name == rlvr.warm_up_arm(run):
+        return metrics
+    run.extra["rollouts_per_prompt"] = int(run.model.hparams.rollouts_per_prompt)
+    run.extra["prompt_visits"] = sum(len(step["prompt_ids"]) for step in rlvr.recorder(run).steps)
+    name = run.settings.get("cost_baseline", "uniform")
+    base = metrics if run.arm.name == name else run.earlier[name].metrics
+    metrics["rollout_cost_vs_uniform"] = metrics["rollouts_total"] / base["rollouts_total"]
+    metrics["hard_positives_vs_uniform"] = metrics["hard_positives_total"] / max(1.0, base["hard_positives_total"])
+    return metrics
+
+
+def report(result: dict, records: list[dict], spec) -> dict:
+    """The held-out pairs of ``settings.paired`` (added after the runner's), the claim with the matched N, the hard
+    share of the pool and the share of pool prompts below p = 0.5 per seed, and the per-step curves."""
+    per_seed = result["per_seed"]
+    sft = rlvr.seed_records(records, spec.settings["warm_up"])
+    pairs = {b: [a for a in arms if all(a in row and b in row for row in per_seed)]
+             for b, arms in (spec.settings.get("paired") or PAIRS).items()}
+    paired = paired_block(per_seed, held_out_metrics(sft[0]["tiers"]), {b: a for b, a in pairs.items() if a})
+    matched = (spec.settings.get("matched") or {}).get("arm", "uniform_matched")
+    claim = {**primary_claim(paired, per_seed),
+             "matched_n": [e["rollouts_per_prompt"] for e in rlvr.seed_records(records, matched)],
+             "hard_share_of_pool": [len(e["hard"]) / e["pool_size"] for e in sft],
+             "sft_p_below_half_share_of_pool": [e["p_below_half_share"] for e in sft]}
+    primary, ratio = claim["primary"], claim["hard_positives_ratio"]
+    fmt = lambda c: "-" if c["lo"] is None else f"{c['mean']:+.4f} [{c['lo']:+.4f}, {c['hi']:+.4f}]"  # noqa: E731
+    print(f"\nprimary: {claim['target']}: {fmt(primary)} -> {claim['verdict']}; training-time hard positives "
+          f"DARS-HW / matched uniform {fmt(ratio)} (per seed {', '.join(f'{r:.2f}' for r in ratio['per_seed'])}); "
+          f"matched N per seed {claim['matched_n']}")
+    arms = [arm.name for arm in spec.arms if arm.row]
+    return {"paired": paired, "claim": claim, "curves": rlvr.curves(records, arms)}
+
+
+def plot(result: dict, path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for colour, (arm, runs) in enumerate(curves.items()):
-        for i, steps in enumerate(runs):
-            x = np.cumsum([r["rollouts"] for r in steps])
-            y = np.cumsum([r["hard_positives"] for r in steps])
-            axes[0].plot(x, y, color=f"C{colour}", alpha=0.8, label=arm if i == 0 else None)
+    for colour, (arm, runs) in enumerate((result.get("curves") or {}).items()):
+        for i, curve in enumerate(runs):
+            axes[0].plot(np.cumsum(curve["rollouts"]), np.cumsum(curve["hard_positives"]), color=f"C{colour}",
+                         alpha=0.8, label=arm if i == 0 else None)
     axes[0].set(xlabel="cumulative rollouts", ylabel="cumulative positive rollouts on hard prompts",
                 title="Positives on hard prompts (SFT p < 0.1)")
     axes[0].legend(fontsize=8)
+    arms = result["arms"]
     names = list(arms)
     cost = [arms[a]["rollout_cost_vs_uniform"]["mean"] for a in names]
     err = [arms[a]["rollout_cost_vs_uniform"]["std"] for a in names]
@@ -158,91 +193,7 @@ def plot(path: Path, curves: dict[str, list[list[dict]]], arms: dict) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = rlvr.add_rlvr_arguments(experiment_parser(__doc__.splitlines()[0], seeds=5), steps=48, batch=16)
-    parser.add_argument("--name", default="dars", help="name of the JSON and PNG in --out")
-    parser.add_argument("--paired-from", metavar="JSON", default=None,
-                        help="print the paired comparison of a stored result JSON and exit (no run)")
-    parser.set_defaults(tier_shares=[6, 1, 1], sft_steps=9000)  # hard prompts a minority (see the docstring)
-    args = parser.parse_args(argv)
-    if args.paired_from:
-        pairs = paired_from(args.paired_from)
-        print(paired_table(pairs))
-        return {"paired": pairs}
-    if args.smoke:
-        rlvr.apply_smoke(args)
-    quiet_single_thread()
-    start = time.perf_counter()
-    per_seed: list[dict[str, dict[str, float]]] = []
-    curves: dict[str, list[list[dict]]] = {arm: [] for arm in ARMS}
-    matched_n, hard_share, stage1_hard_share = [], [], []
-    steps_per_epoch = -(-args.pool // args.batch)
-    epochs = max(1, args.steps // steps_per_epoch)
-    for seed in progress(range(args.seeds), "seeds"):
-        state = rlvr.warm_up(args, seed)
-        sft_policy, dm = rlvr.rl_data(args, seed)
-        sft_policy.load_state_dict(state)
-        ids, tier, p = rlvr.pool_difficulty(args, sft_policy, dm, seed)
-        hard = {int(i) for i, q in zip(ids.tolist(), p.tolist()) if q < 0.1}
-        hard_share.append(len(hard) / len(ids))
-        stage1_hard_share.append(float((p < 0.5).float().mean()))  # what DARS' stage 1 (a < 0.5) would call hard
-        print(f"seed {seed}: hard prompts {len(hard)} / {len(ids)}; SFT p < 0.5: {stage1_hard_share[-1]:.2f}",
-              flush=True)
-        results = {}
-        for arm in progress(ARMS, f"seed {seed} arms"):
-            batch = None
-            if arm == "uniform":
-                overrides = [UNIFORM]
-            elif arm == "dars_et":
-                overrides = ["--model.init_args.rollout_allocator.init_args.schedule=equal_treatment",
-                             "--model.init_args.rollout_allocator.init_args.max_rollouts=32"]
-            elif arm == "dars_hw":  # the config's schedule
-                overrides = ["--model.init_args.rollout_allocator.init_args.schedule=hardness_weighted",
-                             "--model.init_args.rollout_allocator.init_args.max_rollouts=64"]
-            elif arm == "uniform_matched":
-                hw = results["dars_hw"]
-                n = max(args.rollouts, int(round(hw["rollouts_total"] / (epochs * args.pool))))
-                matched_n.append(n)
-                overrides = [UNIFORM, f"--model.init_args.rollouts_per_prompt={n}"]
-            else:  # breadth: the whole pool per step, 2 full-batch PPO epochs, same rollouts as uniform
-                overrides, batch = [UNIFORM, "--model.init_args.ppo_epochs=2"], args.pool
-            module, recorder, wall = rlvr.train_grpo(args, seed, state, CONFIG, overrides, hard, batch=batch,
-                                                     epochs=epochs)
-            row = {**rlvr.summarise_steps(recorder), **rlvr.evaluate(args, module.policy, dm, seed), "wall_s": wall}
-            results[arm] = row
-            curves[arm].append(recorder.steps)
-            print(f"  {arm}: rollouts {row['rollouts_total']:.0f}, hard positives {row['hard_positives_total']:.0f}, "
-                  f"pass@1 {row['pass@1']:.3f}, {wall:.0f}s", flush=True)
-        for arm in ARMS:
-            results[arm]["rollout_cost_vs_uniform"] = results[arm]["rollouts_total"] / results["uniform"][
-                "rollouts_total"]
-            results[arm]["hard_positives_vs_uniform"] = results[arm]["hard_positives_total"] / max(
-                1.0, results["uniform"]["hard_positives_total"])
-        per_seed.append(results)
-    arms = summarise(per_seed)
-    paired = paired_block(per_seed, held_out_metrics(args))
-    claim = {**primary_claim(paired, per_seed), "matched_n": matched_n, "hard_share_of_pool": hard_share,
-             "sft_p_below_half_share_of_pool": stage1_hard_share}
-    primary, ratio = claim["primary"], claim["hard_positives_ratio"]
-    keys_train = ["rollouts_total", "rollout_cost_vs_uniform", "hard_positives_total", "hard_positives_vs_uniform",
-                  "hard_positives_per_visit", "eff_ratio_response_2nd_half"]
-    wall = time.perf_counter() - start
-    print(f"\n## {PAPER}\n\nscale: {args.seeds} seeds, {epochs * steps_per_epoch} steps x {args.batch} prompts, "
-          f"N = {args.rollouts}, pool {args.pool}, tiers {sorted(args.tiers)} (shares "
-          f"{args.tier_shares or 'equal'}; hard share {np.mean(hard_share):.2f}), SFT {args.sft_steps} steps; "
-          f"compute-matched uniform N per seed {matched_n}; wall {wall:.0f}s\n")
-    print(markdown_table(arms, keys_train) + "\n\n" + markdown_table(arms, rlvr.eval_keys(args)))
-    print("\n" + paired_table(paired))
-    fmt = lambda c: "-" if c["lo"] is None else f"{c['mean']:+.4f} [{c['lo']:+.4f}, {c['hi']:+.4f}]"  # noqa: E731
-    print(f"\nprimary: {claim['target']}: {fmt(primary)} -> {claim['verdict']}; "
-          f"training-time hard positives DARS-HW / matched uniform {fmt(ratio)} (per seed "
-          f"{', '.join(f'{r:.2f}' for r in ratio['per_seed'])})")
-    result = write_result("dars", name=args.name, seeds=args.seeds, wall_s=wall, config=rlvr.settings(args), arms=arms,
-                          per_seed=per_seed, out=args.out, paired=paired, claim=claim)
-    plot(Path(args.out) / f"{args.name}.png", curves, arms)
-    return result
+if __name__ == "__main__":  # ``python -m experiments.dars [--smoke] [--seeds N] [--out DIR] [--check] ...``
+    from experiments.runner import experiment_command
 
-
-if __name__ == "__main__":
-    os.environ.setdefault("WANDB_MODE", "disabled")
-    main()
+    sys.exit(experiment_command(["dars", *sys.argv[1:]]))

@@ -419,11 +419,25 @@ def test_reduced_claim_multi_answer_covers_more_with_fewer_duplicates(tmp_path):
     confidences are not trained). Multi-RLCR against the SFT warm-up's Brier is not asserted: even the full
     3-seed experiment separates them on one seed only (0.487 vs 0.711; 0.668 vs 0.703 and 0.608 vs 0.610 on the
     others), so one short seed decides it by chance."""
-    from experiments.multi_answer_rl import SINGLE, main
+    import yaml
 
-    result = main(["--seeds", "1", "--sft-steps", "600", "--rl-steps", "60", "--eval-sets", "4", "--curve-every",
-                   "60", "--arms", SINGLE, "Multi-RLVR (count)", "Multi-RLCR",
-                   "--out", str(tmp_path)])
+    from experiments import kit
+    from experiments.multi_answer_rl import SINGLE
+    from experiments.runner import run_experiment
+
+    # configs/multi_answer_rl/experiment.yaml with three of its GRPO arms, the validation curve every 60 steps
+    spec = yaml.safe_load((kit.REPO_ROOT / "configs/multi_answer_rl/experiment.yaml").read_text())
+    kept = {SINGLE, "Multi-RLVR (count)", "Multi-RLCR"}
+    spec["arms"] = {name: arm for name, arm in spec["arms"].items()
+                    if name in kept or not (arm.get("overrides") or {}).get("trainer.callbacks+")}
+    for arm in spec["arms"].values():
+        if "trainer.callbacks+" in arm["overrides"]:
+            arm["overrides"]["trainer.callbacks+"]["init_args"]["every"] = 60
+    spec["smoke"]["arms"] = {name: arm for name, arm in spec["smoke"]["arms"].items() if name in spec["arms"]}
+    spec_path = tmp_path / "experiment.yaml"
+    spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    result = run_experiment("multi_answer_rl", seeds=1, out=tmp_path, spec_path=spec_path, overrides={
+        "trainer.max_steps": 600, "trainer.max_epochs": 12, "model.init_args.eval_samples": 4})  # 60 GRPO steps
     arms = {arm: {m: v["mean"] for m, v in metrics.items()} for arm, metrics in result["arms"].items()}
     single, count = arms[SINGLE], arms["Multi-RLVR (count)"]
     assert count["coverage"] > single["coverage"]

@@ -315,9 +315,11 @@ def test_knapsack_raises_the_response_level_effective_ratio_at_equal_budget():
 
 @pytest.mark.slow
 def test_knapsack_experiment_reduced_claim(tmp_path):
-    """experiments.knapsack_rl at 1 seed, a 1000-step SFT and 64 GRPO steps (~1-1.5 min on 2 cores)."""
-    from experiments.knapsack_rl import main
+    """The knapsack_rl experiment at 1 seed, a 1000-step SFT and 64 GRPO steps (~1-1.5 min on 2 cores):
+    ``python -m experiments knapsack_rl --seeds 1 --set trainer.max_steps=1000 --set trainer.max_epochs=8``."""
+    from experiments.runner import run_experiment
 
-    result = main(["--seeds", "1", "--steps", "64", "--sft-steps", "1000", "--out", str(tmp_path)])
+    result = run_experiment("knapsack_rl", seeds=1, out=tmp_path, overrides={
+        "trainer.max_steps": 1000, "trainer.max_epochs": 8, "data.init_args.sft_num_examples": 64000})
     assert result["claim"]["difference_mean"] >= 0.05, result["claim"]
     assert (tmp_path / "knapsack_rl.json").is_file() and (tmp_path / "knapsack_rl.png").is_file()
