@@ -63,7 +63,8 @@ def test_seed_and_runs_records_and_non_numeric_fields_are_skipped():
     cells = block["learned - fixed"]
     assert "mcc" in cells and "arm" not in cells and "profile" not in cells  # a string and a list: no difference
     diffs = [r["runs"]["learned"]["mcc"] - r["runs"]["fixed"]["mcc"] for r in per_seed]
-    assert cells["mcc"]["mean"] == pytest.approx(sum(diffs) / 3) and cells["mcc"]["n"] == 3
+    assert len(per_seed) >= 3 and cells["mcc"]["n"] == len(per_seed)
+    assert cells["mcc"]["mean"] == pytest.approx(sum(diffs) / len(diffs))
     assert seed_arms(per_seed[0], "fixed") is per_seed[0]["runs"]
 
 
