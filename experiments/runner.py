@@ -1,5 +1,6 @@
 """One runner for every paper's experiment: ``python -m experiments NAME [--smoke] [--seeds N] [--out DIR] [--check]``
-(also ``icml26 experiment NAME ...``; ``--set KEY=VALUE --name STEM`` runs an ablation of the whole protocol).
+(also ``icml26 experiment NAME ...``; ``--set KEY=VALUE --name STEM`` runs an ablation of the whole protocol,
+``--set-for ARMS KEY=VALUE`` one for the arms matching a shell-style pattern, ``--arms ARMS ...`` a part of it).
 
 The protocol is configuration, ``configs/<NAME>/experiment.yaml``::
 
@@ -59,6 +60,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import fnmatch
 import importlib
 import inspect
 import json
@@ -132,6 +134,7 @@ class Spec:
     smoke: bool = False
     smoke_overrides: dict[str, Any] = field(default_factory=dict)  # applied over every layer of experiment.yaml
     set_overrides: dict[str, Any] = field(default_factory=dict)    # ``--set``: applied last, over everything
+    arm_set_overrides: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # ``--set-for``: then these
 
 
 def experiment_path(name: str) -> Path:
@@ -332,6 +335,9 @@ def arm_flags(spec: Spec, arm: Arm, variant: Variant | None = None) -> list[str]
     """The CLI arguments of ``arm`` (and ``variant``), seed and output folder excluded."""
     overrides = {**spec.overrides, **arm.overrides, **(variant.overrides if variant else {}), **spec.smoke_overrides,
                  **arm.smoke_overrides, **spec.set_overrides}
+    for pattern, scoped in spec.arm_set_overrides:
+        if fnmatch.fnmatchcase(arm.name, pattern):
+            overrides.update(scoped)
     args = []
     for config in arm.configs:
         args += ["--config", str(kit.REPO_ROOT / config)]
@@ -496,13 +502,31 @@ def paired(per_seed: list[dict], baseline: str, metrics: list[str]) -> dict:
 # ------------------------------------------------------------------------------------------- the experiment
 def run_experiment(name: str, *, smoke: bool = False, seeds: int | None = None, out: str | Path = kit.RESULTS,
                    keep_runs: bool = False, spec_path: str | Path | None = None,
-                   overrides: dict[str, Any] | None = None, result_name: str | None = None) -> dict:
+                   overrides: dict[str, Any] | None = None, result_name: str | None = None,
+                   arm_overrides: list[tuple[str, dict[str, Any]]] | None = None,
+                   only_arms: list[str] | None = None) -> dict:
     """Run every seed x arm (x variant) of ``configs/<name>/experiment.yaml``; writes and returns the result.
 
     ``overrides`` (dotted keys) apply to every arm after all the experiment's layers (an ablation of the whole
-    protocol); ``result_name`` replaces ``name`` as the stem of the JSON and PNG."""
+    protocol), then ``arm_overrides`` (``(arm pattern, overrides)``, shell-style patterns) to the arms they match;
+    ``only_arms`` (patterns) keeps the matching arms only, in the YAML's order (a part of the protocol: the arms a
+    kept arm's hooks read must be kept too); ``result_name`` replaces ``name`` as the stem of the JSON and PNG."""
     spec = load_spec(name, smoke=smoke, path=spec_path)
     spec.set_overrides = _overrides(overrides, "--set")
+    names = [arm.name for arm in spec.arms]
+    for pattern, scoped in arm_overrides or []:
+        if not fnmatch.filter(names, pattern):
+            raise ExperimentError(f"--set-for {pattern!r}: matches no arm of {name} ({names})")
+        spec.arm_set_overrides.append((pattern, _overrides(scoped, f"--set-for {pattern}")))
+    if only_arms:
+        unmatched = [pattern for pattern in only_arms if not fnmatch.filter(names, pattern)]
+        if unmatched:
+            raise ExperimentError(f"--arms {unmatched}: matches no arm of {name} ({names})")
+        spec.arms = [arm for arm in spec.arms if any(fnmatch.fnmatchcase(arm.name, p) for p in only_arms)]
+        if not any(arm.row for arm in spec.arms):
+            raise ExperimentError(f"--arms {only_arms}: keeps no arm with a row ({[a.name for a in spec.arms]})")
+        if spec.baseline is not None and spec.baseline not in {arm.name for arm in spec.arms}:
+            spec.baseline = None  # no paired differences against an arm that was not run
     stem = result_name or name
     if seeds is not None:
         if seeds < 1:
@@ -570,6 +594,8 @@ def run_experiment(name: str, *, smoke: bool = False, seeds: int | None = None, 
         extra["paired"] = paired(per_seed, spec.baseline, spec.metrics or list(next(iter(arms.values()))))
     config = {"experiment": str(spec.path.relative_to(kit.REPO_ROOT)) if spec.path.is_relative_to(kit.REPO_ROOT)
               else str(spec.path), "smoke": smoke, **({"set": dict(overrides)} if overrides else {}),
+              **({"set_for": [[p, dict(o)] for p, o in spec.arm_set_overrides]} if spec.arm_set_overrides else {}),
+              **({"only_arms": list(only_arms)} if only_arms else {}),
               "arms": {arm.name: _shown(arm_flags(spec, arm), arm) for arm in spec.arms}}
     if spec.variants:
         config["variants"] = {v.name: {arm.name: _shown(arm_flags(spec, arm, v), arm) for arm in spec.arms}
@@ -646,6 +672,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a dotted override for every arm, after all of experiment.yaml (repeatable), e.g. "
                         "--set trainer.max_steps=2000: an ablation; give it its own --name")
+    p.add_argument("--set-for", action="append", nargs=2, default=[], metavar=("ARMS", "KEY=VALUE"),
+                   help="a dotted override for the arms whose names match the shell-style pattern ARMS, after --set "
+                        "(repeatable), e.g. --set-for '*p=0.3*' model.init_args.signal_denoiser=unet")
+    p.add_argument("--arms", nargs="+", default=None, metavar="ARMS",
+                   help="run only the arms matching these shell-style patterns (with the arms their hooks read)")
     p.add_argument("--name", dest="name_", metavar="STEM", default=None,
                    help="stem of the result files (default: NAME)")
     return p
@@ -712,7 +743,9 @@ def experiment_command(argv: list[str]) -> int:
         return check(args.name, Path(args.out) / f"{args.name}.json") if args.check else 0
     try:
         run_experiment(args.name, smoke=args.smoke, seeds=args.seeds, out=args.out, keep_runs=args.keep_runs,
-                       overrides=_parse_set(args.set), result_name=args.name_)
+                       overrides=_parse_set(args.set), result_name=args.name_,
+                       arm_overrides=[(arms, _parse_set([item])) for arms, item in args.set_for],
+                       only_arms=args.arms)
     except ExperimentError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

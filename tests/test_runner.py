@@ -166,6 +166,29 @@ def test_default_evaluation_is_trainer_test_and_fit_false_skips_training(tmp_pat
     assert result["paired"]["trained - untrained"]["f"]["lo"] is None  # one seed: no interval
 
 
+def test_set_for_scopes_an_override_and_arms_runs_a_part(tmp_path, monkeypatch):
+    """``--set-for ARMS KEY=VALUE`` reaches only the matching arms, after ``--set``; ``--arms`` keeps the matching
+    arms (pairs only where the baseline was run); a pattern that matches nothing is one error."""
+    monkeypatch.chdir(tmp_path)
+    SEEN.clear()
+    path = write(tmp_path, tiny(seeds=1, evaluate="test_runner:record_seeds",
+                                arms={"tamed": {}, "plain": {"overrides": {"trainer.callbacks": []}}, "tamed2": {}}))
+    result = runner.run_experiment("tiny", spec_path=path, out=tmp_path / "out", overrides={"trainer.max_steps": 4},
+                                   arm_overrides=[("tamed*", {"trainer.max_steps": 3})])
+    assert [(s["arm"], s["steps"]) for s in SEEN] == [("tamed", 3), ("plain", 4), ("tamed2", 3)]
+    assert result["config"]["set_for"] == [["tamed*", {"trainer.max_steps": 3}]]
+    SEEN.clear()
+    part = runner.run_experiment("tiny", spec_path=path, out=tmp_path / "part", only_arms=["tamed?"])
+    assert [s["arm"] for s in SEEN] == ["tamed2"] and list(part["per_seed"][0]) == ["tamed2"]
+    assert "paired" not in part and part["config"]["only_arms"] == ["tamed?"]
+    for kwargs, message in (({"only_arms": ["nope*"]}, "--arms \\['nope\\*'\\]: matches no arm"),
+                            ({"arm_overrides": [("nope", {"trainer.max_steps": 1})]}, "--set-for 'nope': matches")):
+        with pytest.raises(runner.ExperimentError, match=message):
+            runner.run_experiment("tiny", spec_path=path, out=tmp_path / "bad", **kwargs)
+    parsed = runner.parser().parse_args(["tiny", "--set-for", "a*", "x=1", "--arms", "a", "b"])
+    assert parsed.set_for == [["a*", "x=1"]] and parsed.arms == ["a", "b"]
+
+
 def test_cli_refusal_is_one_error(tmp_path, capsys):
     path = write(tmp_path, tiny(seeds=1, overrides={"trainer.max_stepz": 5}))
     with pytest.raises(runner.ExperimentError, match="the CLI refused the arguments"):
