@@ -13,7 +13,7 @@ from experiments import ldarnet, runner
 def test_experiment_yaml_is_the_protocol_and_its_smoke_overlay_is_small():
     assert "ldarnet" in runner.available()
     spec = runner.load_spec("ldarnet")
-    assert spec.seeds == 3 and [arm.name for arm in spec.arms] == ["learned", "fixed"] and spec.baseline == "fixed"
+    assert spec.seeds == 5 and [arm.name for arm in spec.arms] == ["learned", "fixed"] and spec.baseline == "fixed"
     assert all(arm.configs == ["configs/ldarnet/pretrain_quick.yaml"] and arm.fit for arm in spec.arms)
     assert {arm.name: arm.overrides["model.init_args.boundaries"] for arm in spec.arms} == {"learned": "learned",
                                                                                            "fixed": "fixed"}

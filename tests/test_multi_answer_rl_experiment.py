@@ -40,7 +40,7 @@ def _datamodule(seed: int, arm: str):
 
 def test_spec_arms_and_sizes_are_the_documented_ones():
     spec = runner.load_spec("multi_answer_rl")
-    assert spec.seeds == 3 and spec.baseline == exp.SINGLE and set(spec.hooks) == set(runner.HOOKS)
+    assert spec.seeds == 5 and spec.baseline == exp.SINGLE and set(spec.hooks) == set(runner.HOOKS)
     for hook in spec.hooks.values():
         runner.resolve_hook(hook)
     assert [a.name for a in spec.arms] == ["sft_single", "sft_multi", *WARM_UP_ROWS, *GRPO_ARMS]
