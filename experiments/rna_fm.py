@@ -50,8 +50,6 @@ import torch
 from lightning.pytorch.callbacks import Timer
 
 from callbacks.ema import EMAWeights
-# experiments/rna_fm_coverage.py (still a script with flags of its own) imports its fits from here
-from experiments._rna_fm_fit import DATA, SMOKE, fit_candidate  # noqa: F401
 from experiments.runner import ExperimentError, arm_flags
 from lightning_modules.shared.errors import UserInputError
 

@@ -45,6 +45,14 @@ its ``metrics``, model, datamodule and checkpoints). ``report`` may take the spe
 ``arms`` and ``per_seed`` to replace the runner's (arms or per-seed rows a hook computed without a Lightning run, or
 statistics other than `kit.summarise`); ``paired`` is then computed from the returned rows.
 
+A paper's further experiments (side studies of the same models) live beside it as ``configs/<paper>/<stem>.yaml``
+(the same keys) and are named ``<paper>/<stem>``: ``python -m experiments rna_fm/coverage`` runs
+``configs/rna_fm/coverage.yaml``, its hooks by convention in ``experiments/<paper>_<stem>.py``, and writes
+``<out>/<paper>_<stem>.json`` (and ``.png``) unless ``--name`` says otherwise. `available` lists the papers' main
+experiments only (``available(secondary=True)`` adds these: the YAML files of ``configs/<paper>/`` with a top-level
+``arms:``); ``--check`` checks the paper's claim, which its card reads from the main experiment's result, so for a
+further experiment it prints one line saying so and checks nothing.
+
 For every seed S and arm (and variant) the runner builds everything exactly as ``python train.py fit --config ...
 <flags>`` would (``train.main(args, run=False)``: model, datamodule and the trainer with the YAML's callbacks), with
 ``--seed_everything=S`` (S + the arm's ``seed_offset``) and, when the datamodule takes a ``seed``,
@@ -138,12 +146,33 @@ class Spec:
 
 
 def experiment_path(name: str) -> Path:
+    """``configs/<name>/experiment.yaml``; for ``<paper>/<stem>`` (a paper's further experiment)
+    ``configs/<paper>/<stem>.yaml``."""
+    paper, sep, stem = name.partition("/")
+    if sep:
+        return kit.REPO_ROOT / "configs" / paper / f"{stem}.yaml"
     return kit.REPO_ROOT / "configs" / name / "experiment.yaml"
 
 
-def available() -> list[str]:
-    """The papers that have an experiment.yaml."""
-    return sorted(p.parent.name for p in (kit.REPO_ROOT / "configs").glob("*/experiment.yaml"))
+def is_secondary(name: str) -> bool:
+    """Whether ``name`` is a paper's further experiment ``<paper>/<stem>`` (not its main one)."""
+    return "/" in name
+
+
+def result_stem(name: str) -> str:
+    """The default stem of the result files: ``<name>``, or ``<paper>_<stem>`` for ``<paper>/<stem>``."""
+    return name.replace("/", "_")
+
+
+def available(secondary: bool = False) -> list[str]:
+    """The papers that have an experiment.yaml; with ``secondary``, also every ``<paper>/<stem>`` whose
+    ``configs/<paper>/<stem>.yaml`` is an experiment (a top-level ``arms:`` key), sorted together."""
+    root = kit.REPO_ROOT / "configs"
+    names = [p.parent.name for p in root.glob("*/experiment.yaml")]
+    if secondary:
+        names += [f"{p.parent.name}/{p.stem}" for p in root.glob("*/*.yaml") if p.name != "experiment.yaml"
+                  and any(line.startswith("arms:") for line in p.read_text().splitlines())]
+    return sorted(names)
 
 
 def _mapping(value: Any, where: str) -> dict:
@@ -193,9 +222,11 @@ def _names(value: Any, where: str) -> list[str]:
 
 def load_spec(name: str, smoke: bool = False, path: str | Path | None = None) -> Spec:
     """Read and validate ``configs/<name>/experiment.yaml`` (or ``path``), with the smoke overlay applied."""
+    if path is None and (name.count("/") > 1 or any(not part for part in name.split("/"))):
+        raise ExperimentError(f"no experiment '{name}': write PAPER or PAPER/STEM (configs/PAPER/STEM.yaml)")
     path = Path(path) if path is not None else experiment_path(name)
     if not path.is_file():
-        known = ", ".join(available()) or "none"
+        known = ", ".join(available(secondary=True)) or "none"
         raise ExperimentError(f"no experiment '{name}': {path} does not exist (experiments: {known})")
     try:
         raw = yaml.safe_load(path.read_text()) or {}
@@ -510,7 +541,8 @@ def run_experiment(name: str, *, smoke: bool = False, seeds: int | None = None, 
     ``overrides`` (dotted keys) apply to every arm after all the experiment's layers (an ablation of the whole
     protocol), then ``arm_overrides`` (``(arm pattern, overrides)``, shell-style patterns) to the arms they match;
     ``only_arms`` (patterns) keeps the matching arms only, in the YAML's order (a part of the protocol: the arms a
-    kept arm's hooks read must be kept too); ``result_name`` replaces ``name`` as the stem of the JSON and PNG."""
+    kept arm's hooks read must be kept too); ``result_name`` replaces `result_stem` (``name``, ``<paper>_<stem>``
+    for ``<paper>/<stem>``) as the stem of the JSON and PNG."""
     spec = load_spec(name, smoke=smoke, path=spec_path)
     spec.set_overrides = _overrides(overrides, "--set")
     names = [arm.name for arm in spec.arms]
@@ -527,7 +559,7 @@ def run_experiment(name: str, *, smoke: bool = False, seeds: int | None = None, 
             raise ExperimentError(f"--arms {only_arms}: keeps no arm with a row ({[a.name for a in spec.arms]})")
         if spec.baseline is not None and spec.baseline not in {arm.name for arm in spec.arms}:
             spec.baseline = None  # no paired differences against an arm that was not run
-    stem = result_name or name
+    stem = result_name or result_stem(name)
     if seeds is not None:
         if seeds < 1:
             raise ExperimentError(f"--seeds must be at least 1, got {seeds}")
@@ -543,8 +575,8 @@ def run_experiment(name: str, *, smoke: bool = False, seeds: int | None = None, 
     per_seed: list[dict] = []
     per_seed_groups: dict[str, list[dict]] = {v.group: [] for v in spec.variants}
     records: list[dict] = []
-    scratch = tempfile.TemporaryDirectory(prefix=f"{name}_runs_")
-    runs_root = out / f"{name}_runs" if keep_runs else Path(scratch.name)
+    scratch = tempfile.TemporaryDirectory(prefix=f"{stem}_runs_")
+    runs_root = out / f"{stem}_runs" if keep_runs else Path(scratch.name)
     done, total = 0, sum(_arm_seeds(spec, arm) for _, arm in settings)
     bar = kit.progress(None, name, total=total)
     try:
@@ -662,13 +694,16 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="icml26 experiment",
                                 description="Run a paper's experiment from configs/<NAME>/experiment.yaml "
                                             "(or, where a paper has none yet, its experiments/<NAME>.py).")
-    p.add_argument("name", help="the paper (a folder of configs/; icml26 papers lists them)")
+    p.add_argument("name", help="the paper (a folder of configs/; icml26 papers lists them), or PAPER/STEM for a "
+                                "paper's further experiment configs/PAPER/STEM.yaml")
     p.add_argument("--smoke", action="store_true", help="the experiment's smoke overlay: tiny sizes, seconds")
     p.add_argument("--seeds", type=int, default=None, help="number of seeds 0..N-1 (default: the experiment's)")
-    p.add_argument("--out", default=str(kit.RESULTS), help="folder for <NAME>.json and <NAME>.png")
+    p.add_argument("--out", default=str(kit.RESULTS),
+                   help="folder for <NAME>.json and <NAME>.png (PAPER_STEM.json for PAPER/STEM)")
     p.add_argument("--keep-runs", action="store_true",
                    help="keep the trainer outputs (checkpoints, logs) in <out>/<NAME>_runs instead of a temp folder")
-    p.add_argument("--check", action="store_true", help="check the paper's claim on the result; exit 1 unless held")
+    p.add_argument("--check", action="store_true",
+                   help="check the paper's claim on the result; exit 1 unless held (main experiments only)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a dotted override for every arm, after all of experiment.yaml (repeatable), e.g. "
                         "--set trainer.max_steps=2000: an ablation; give it its own --name")
@@ -678,7 +713,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--arms", nargs="+", default=None, metavar="ARMS",
                    help="run only the arms matching these shell-style patterns (with the arms their hooks read)")
     p.add_argument("--name", dest="name_", metavar="STEM", default=None,
-                   help="stem of the result files (default: NAME)")
+                   help="stem of the result files (default: NAME; PAPER_STEM for PAPER/STEM)")
     return p
 
 
@@ -731,11 +766,14 @@ def experiment_command(argv: list[str]) -> int:
     """``icml26 experiment ...`` / ``python -m experiments ...``; returns the exit code. A paper without an
     experiment.yaml runs its script's ``main`` with the same --smoke / --seeds / --out."""
     args = parser().parse_args(argv)
-    if not experiment_path(args.name).is_file() and (kit.REPO_ROOT / "experiments" / f"{args.name}.py").is_file():
+    script_path = kit.REPO_ROOT / "experiments" / f"{args.name}.py"
+    if not is_secondary(args.name) and not experiment_path(args.name).is_file() and script_path.is_file():
         try:
             script = importlib.import_module(f"experiments.{args.name}")
             if not hasattr(script, "main"):
-                raise ExperimentError(f"experiments/{args.name}.py has no main(): not an experiment")
+                further = [n for n in available(secondary=True) if result_stem(n) == args.name]
+                hint = f" (it holds the hooks of {further[0]}: python -m experiments {further[0]})" if further else ""
+                raise ExperimentError(f"experiments/{args.name}.py has no main(): not an experiment{hint}")
             script.main(script_argv(args))
         except ExperimentError as err:
             print(f"error: {err}", file=sys.stderr)
@@ -750,5 +788,11 @@ def experiment_command(argv: list[str]) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.check:
-        return check(args.name, Path(args.out) / f"{args.name_ or args.name}.json")
+        if is_secondary(args.name):
+            paper = args.name.partition("/")[0]
+            print(f"--check: {args.name} is a further experiment of {paper}; the claim check reads the main "
+                  f"experiment's result (python -m experiments {paper} --check), so nothing was checked",
+                  file=sys.stderr)
+            return 0
+        return check(args.name, Path(args.out) / f"{args.name_ or result_stem(args.name)}.json")
     return 0

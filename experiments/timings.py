@@ -101,11 +101,12 @@ def is_timed_training_command(words: list[str]) -> bool:
 
 def experiment_script(words: list[str]) -> str | None:
     """``knapsack_rl`` for ``python -m experiments.knapsack_rl ...`` (or ``python -m experiments knapsack_rl ...``,
-    the experiment runner); None for any other command."""
+    the experiment runner; ``rna_fm_coverage``, the stem of its result, for a further experiment
+    ``python -m experiments rna_fm/coverage ...``); None for any other command."""
     if words[:2] == ["python", "-m"] and len(words) > 2 and words[2].startswith("experiments."):
         return words[2].split(".", 1)[1]
     if words[:3] == ["python", "-m", "experiments"] and len(words) > 3 and not words[3].startswith("-"):
-        return words[3]
+        return words[3].replace("/", "_")  # experiments.runner.result_stem
     return None
 
 

@@ -197,10 +197,15 @@ EVALUATION_CONFIGS = {
 def test_every_training_config_is_run_by_the_harness():
     """A config under configs/<paper>/ is a quick config (run by the harness), a paper config (parsed) or an
     evaluation-only config run by its paper's test. The paper's card (``card.yaml``, tests/test_registry.py) and its
-    experiment protocol (``experiment.yaml``) sit beside them and are not CLI configs."""
+    experiment protocols (``experiment.yaml``, and ``<stem>.yaml`` of a further experiment ``<paper>/<stem>``) sit
+    beside them and are not CLI configs."""
+    from experiments import runner
+
+    further = {str(runner.experiment_path(name).relative_to(REPO))  # a paper's further experiments' protocols
+               for name in runner.available(secondary=True) if runner.is_secondary(name)}
     stray = sorted(str(p.relative_to(REPO)) for p in REPO.glob("configs/*/*.yaml")
                    if p.parent.name not in ("sweeps", "trainer", "logger")
-                   and p.name not in ("card.yaml", "experiment.yaml")
+                   and p.name not in ("card.yaml", "experiment.yaml") and str(p.relative_to(REPO)) not in further
                    and not p.name.endswith(("quick.yaml", "paper.yaml"))
                    and str(p.relative_to(REPO)) not in EVALUATION_CONFIGS)
     for config, test in EVALUATION_CONFIGS.items():

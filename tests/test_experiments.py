@@ -22,10 +22,14 @@ from icml26.paired import seed_arms
 EXPERIMENTS = Path(kit.__file__).resolve().parent
 # papers whose protocol is configs/<paper>/experiment.yaml: run by the runner; their module holds only its hooks
 CONFIGURED = runner.available()
+# a paper's further experiments, configs/<paper>/<stem>.yaml run as <paper>/<stem>, their hooks in
+# experiments/<paper>_<stem>.py (each has its own test file: tests/test_rna_fm_coverage_experiment.py, ...)
+FURTHER = [name for name in runner.available(secondary=True) if runner.is_secondary(name)]
 # every script: not the package, not the kit or the runner, not private helpers shared by scripts (``_name.py``),
 # not the hooks of a configured experiment, not the paper-scale check (its own schema, tests/test_paper_scale.py)
 SCRIPTS = sorted(p.stem for p in EXPERIMENTS.glob("*.py") if p.stem not in ("__init__", "kit", "runner", "paper_scale")
-                 and not p.stem.startswith("_") and p.stem not in CONFIGURED)
+                 and not p.stem.startswith("_") and p.stem not in CONFIGURED
+                 and p.stem not in {runner.result_stem(name) for name in FURTHER})
 
 
 # --------------------------------------------------------------------------------------------- schema
@@ -58,12 +62,14 @@ def test_every_paper_is_configured_and_the_scripts_left_are_tools():
     assert {"rlvr_speed", "phyb_d3rlpy", "timings"} <= set(SCRIPTS) and "kit" not in SCRIPTS, SCRIPTS
 
 
-@pytest.mark.parametrize("paper", CONFIGURED)
+@pytest.mark.parametrize("paper", CONFIGURED + FURTHER)
 def test_configured_experiment_has_no_command_line_of_its_own(paper):
-    """A configured paper's module holds hooks only: no argparse, no ``main`` that could drift from the YAML."""
-    source = (EXPERIMENTS / f"{paper}.py").read_text()
+    """A configured paper's module (or a further experiment's, ``experiments/<paper>_<stem>.py``) holds hooks only:
+    no argparse, no ``main`` that could drift from the YAML."""
+    module = runner.result_stem(paper)
+    source = (EXPERIMENTS / f"{module}.py").read_text()
     assert "argparse" not in source and "experiment_parser" not in source, paper
-    assert not hasattr(importlib.import_module(f"experiments.{paper}"), "main"), paper
+    assert not hasattr(importlib.import_module(f"experiments.{module}"), "main"), paper
     spec = runner.load_spec(paper)
     assert spec.metrics and spec.baseline, f"{paper}: experiment.yaml must name the metrics and the baseline arm"
     for hook in spec.hooks.values():

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from conftest import PAPER_CONFIGS, PAPERS, QUICK_CONFIGS, REPO, SWEEP_FILES
+from experiments import runner
 from icml26 import registry
 from icml26.commands import run_command
 from lightning_modules.shared.errors import UserInputError
@@ -16,6 +17,9 @@ from lightning_modules.shared.errors import UserInputError
 NOT_PAPERS = {"trainer", "logger", "sweeps", *registry.SHARED_CONFIG_FOLDERS}
 # files under configs/<paper>/ that are not CLI configs: the card itself and the experiment protocol
 NOT_CLI_CONFIGS = {"card.yaml", "experiment.yaml"}
+# nor the protocols of a paper's further experiments (configs/<paper>/<stem>.yaml, run as <paper>/<stem>)
+FURTHER_EXPERIMENTS = {str(runner.experiment_path(name).relative_to(REPO))
+                       for name in runner.available(secondary=True) if runner.is_secondary(name)}
 # result files of the collection as a whole (test-suite timings, the GRPO core's speed and memory)
 SHARED_RESULTS = {"results/timings.json", "results/rlvr_speed.json", "results/rlvr_memory.json",
                   "results/paper_scale.json"}
@@ -61,7 +65,8 @@ def test_every_config_belongs_to_exactly_one_card_or_to_the_grpo_core():
     cards = registry.papers()
     configs = sorted({*QUICK_CONFIGS, *PAPER_CONFIGS, *(str(p.relative_to(REPO)) for p in REPO.glob("configs/*/*.yaml")
                                                          if p.parent.name not in NOT_PAPERS
-                                                         and p.name not in NOT_CLI_CONFIGS)})
+                                                         and p.name not in NOT_CLI_CONFIGS
+                                                         and str(p.relative_to(REPO)) not in FURTHER_EXPERIMENTS)})
     assert "configs/trew/classifier_quick.yaml" in configs and "configs/emotion_hierarchy/probe.yaml" in configs
     wrong = {}
     for config in configs:

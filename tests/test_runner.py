@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 import types
 from pathlib import Path
@@ -309,3 +310,49 @@ def test_a_paper_whose_experiment_is_still_a_script_runs_it_with_the_same_flags(
     assert calls == [["--smoke", "--seeds", "2", "--out", str(tmp_path)]]
     assert runner.experiment_command([name, "--set", "trainer.max_steps=3"]) == 2
     assert len(calls) == 1
+
+
+# ------------------------------------------------------------------------------------------- further experiments
+def test_a_papers_further_experiment_is_named_paper_slash_stem(tmp_path, monkeypatch, capsys):
+    """``configs/<paper>/<stem>.yaml`` runs as ``<paper>/<stem>``: its result is ``<paper>_<stem>.json`` (or
+    ``--name``); `available` lists the main experiments only unless asked; ``--check`` says in one line that a further
+    experiment has no claim check of its own."""
+    root = tmp_path / "repo"
+    (root / "configs" / "tiny").mkdir(parents=True)
+    (root / "configs" / "tamed_sgd").symlink_to(kit.REPO_ROOT / "configs" / "tamed_sgd")
+    (root / "configs" / "tiny" / "experiment.yaml").write_text(yaml.safe_dump(tiny(seeds=1)))
+    (root / "configs" / "tiny" / "side.yaml").write_text(yaml.safe_dump(tiny(seeds=1, title="side study")))
+    (root / "configs" / "tiny" / "quick.yaml").write_text("trainer: {max_epochs: 1}\n")  # a config, no experiment
+    monkeypatch.setattr(kit, "REPO_ROOT", root)
+    monkeypatch.chdir(tmp_path)  # nothing may land in ./runs
+    assert runner.experiment_path("tiny/side") == root / "configs" / "tiny" / "side.yaml"
+    assert runner.experiment_path("tiny") == root / "configs" / "tiny" / "experiment.yaml"
+    assert runner.result_stem("tiny/side") == "tiny_side" and runner.result_stem("tiny") == "tiny"
+    assert runner.is_secondary("tiny/side") and not runner.is_secondary("tiny")
+    assert "tiny" in runner.available() and not any("/" in name for name in runner.available())
+    assert [n for n in runner.available(secondary=True) if n.startswith("tiny")] == ["tiny", "tiny/side"]
+    spec = runner.load_spec("tiny/side", smoke=True)
+    assert spec.name == "tiny/side" and spec.title == "side study" and spec.path == root / "configs/tiny/side.yaml"
+
+    out = tmp_path / "out"
+    assert runner.experiment_command(["tiny/side", "--out", str(out), "--check", "--keep-runs"]) == 0
+    assert "tiny/side is a further experiment of tiny" in capsys.readouterr().err
+    result = json.loads((out / "tiny_side.json").read_text())
+    assert result["paper"] == "side study" and set(result["arms"]) == {"tamed", "plain"}
+    assert result["config"]["experiment"] == "configs/tiny/side.yaml" and (out / "tiny_side_runs").is_dir()
+    assert runner.experiment_command(["tiny/side", "--out", str(out), "--name", "side_small"]) == 0
+    assert (out / "side_small.json").is_file() and not (tmp_path / "runs").exists()
+    for name, message in (("tiny/nope", "no experiment 'tiny/nope'"), ("tiny/side/x", "write PAPER or PAPER/STEM"),
+                          ("tiny/", "write PAPER or PAPER/STEM"), ("tiny/quick", r"unknown key\(s\)")):
+        assert runner.experiment_command([name, "--out", str(out)]) == 2, name
+        err = capsys.readouterr().err
+        assert re.search(message, err), (name, err)
+
+
+def test_check_of_a_main_experiment_reads_its_result_stem(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(runner, "run_experiment", lambda *args, **kwargs: None)
+    monkeypatch.setattr(runner, "check", lambda name, path: seen.append((name, path)) or 0)
+    assert runner.experiment_command(["rna_fm", "--out", str(tmp_path), "--check"]) == 0
+    assert runner.experiment_command(["rna_fm/coverage", "--out", str(tmp_path), "--check"]) == 0
+    assert seen == [("rna_fm", tmp_path / "rna_fm.json")]  # the further experiment is not checked
