@@ -175,19 +175,10 @@ def warm_up_arm(run) -> str:
 
 def prepare(run) -> dict:
     """GRPO arms: ``init_from`` = the warm-up arm's checkpoint of this seed, ``max_new_tokens`` from its tiers."""
-    from experiments.runner import ExperimentError
-
     name = warm_up_arm(run)
     if run.arm.name == name:
         return {}
-    if name not in run.earlier:
-        raise ExperimentError(f"settings.warm_up: arm {run.arm.name!r} starts from {name!r}, which is not an earlier "
-                              f"arm of this seed (earlier: {list(run.earlier)}); list it first")
-    path = run.earlier[name].best_checkpoint()
-    if path is None:
-        raise ExperimentError(f"settings.warm_up: arm {name!r} saved no checkpoint; give its config a "
-                              "ModelCheckpoint and leave fit on")
-    return {"model.init_args.init_from": path,
+    return {"model.init_args.init_from": run.checkpoint_of(name, "settings.warm_up"),
             "model.init_args.max_new_tokens": new_tokens(tiers_of(run.earlier[name].datamodule))}
 
 

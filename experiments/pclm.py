@@ -55,22 +55,13 @@ PRETRAIN = "pretrain"  # the arm whose encoder the evaluate hook probes
 def prepare(run) -> dict:
     """``model.init_args.init_from`` = the final checkpoint of the arm's parent (``settings.init_from``), a run of
     the same seed made earlier; the pre-training arm starts from scratch."""
-    from experiments.runner import ExperimentError
-
     if espeak.backend() is None:
         raise UserInputError("the pclm experiment synthesises its speech with espeak-ng, which is not available: "
                              "`pip install espeakng-loader` (one of this package's requirements).")
     parent = (run.settings.get("init_from") or {}).get(run.arm.name)
     if parent is None:
         return {}
-    if parent not in run.earlier:
-        raise ExperimentError(f"settings.init_from: arm {run.arm.name!r} starts from {parent!r}, which is not an "
-                              f"earlier arm of this seed (earlier: {list(run.earlier)}); list it before")
-    path = run.earlier[parent].best_checkpoint()
-    if path is None:
-        raise ExperimentError(f"settings.init_from: arm {parent!r} saved no checkpoint for {run.arm.name!r}; give "
-                              "its config a ModelCheckpoint and leave fit on")
-    return {"model.init_args.init_from": path}
+    return {"model.init_args.init_from": run.checkpoint_of(parent, "settings.init_from")}
 
 
 def evaluate(run) -> dict[str, float]:

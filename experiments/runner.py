@@ -432,6 +432,19 @@ class Run:
         path = getattr(callback, "best_model_path", "") if callback is not None else ""
         return path or None
 
+    def checkpoint_of(self, arm: str, setting: str) -> str:
+        """The best checkpoint (`best_checkpoint`) of this seed's earlier run of ``arm``: what a ``prepare`` hook
+        passes as ``model.init_args.init_from`` to an arm that starts where another ended. ``setting`` names the
+        experiment.yaml key that chained the two (for the error when ``arm`` has not run or saved nothing)."""
+        if arm not in self.earlier:
+            raise ExperimentError(f"{setting}: arm {self.arm.name!r} starts from {arm!r}, which is not an earlier arm "
+                                  f"of this seed (earlier: {list(self.earlier)}); list it before")
+        path = self.earlier[arm].best_checkpoint()
+        if path is None:
+            raise ExperimentError(f"{setting}: arm {arm!r} saved no checkpoint for {self.arm.name!r}; give its config "
+                                  "a ModelCheckpoint and leave fit on")
+        return path
+
     def load_best(self) -> None:
         """Load the best checkpoint's weights into the model (what ``trainer.test(ckpt_path='best')`` tests)."""
         path = self.best_checkpoint()
