@@ -47,27 +47,21 @@ def test_storage_options_are_refused_as_lightning_does(tmp_path):
 
 PEAK = textwrap.dedent("""
     import resource, sys, torch
-    from lightning.pytorch.plugins.io import TorchCheckpointIO
     from icml26.checkpoint_io import FileCheckpointIO
     weights = {"state_dict": {"w": torch.ones(64 * 2**20)}}          # 256 MiB of float32
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    io = FileCheckpointIO() if sys.argv[1] == "file" else TorchCheckpointIO()
-    io.save_checkpoint(weights, sys.argv[2])
+    FileCheckpointIO().save_checkpoint(weights, sys.argv[1])
     print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)   # MiB above the weights
 """)
 
 
-@pytest.mark.parametrize("kind", ["file", "lightning"])
-def test_extra_memory_of_a_save(tmp_path, kind):
-    """Lightning's save needs the whole checkpoint once more in memory (its buffer); ours next to nothing. Both
-    are measured, so the test shows the difference it guards."""
-    out = subprocess.run([sys.executable, "-c", PEAK, kind, str(tmp_path / "x.ckpt")], cwd=ROOT, check=True,
+def test_a_save_needs_next_to_no_memory_beyond_the_checkpoint(tmp_path):
+    """A 256 MiB checkpoint saves with under 64 MiB of extra peak memory (Lightning's own save buffers the whole
+    checkpoint once more: about +256 MiB here; not asserted, the kernel's accounting of it varied under load)."""
+    out = subprocess.run([sys.executable, "-c", PEAK, str(tmp_path / "x.ckpt")], cwd=ROOT, check=True,
                          capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     extra_mib = float(out.stdout.strip().splitlines()[-1])
-    if kind == "file":
-        assert extra_mib < 64, extra_mib
-    else:
-        assert extra_mib > 200, extra_mib
+    assert extra_mib < 64, extra_mib
 
 
 def test_the_cli_trainer_streams_its_saves():
