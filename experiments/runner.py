@@ -362,17 +362,23 @@ def flag(key: str, value: Any) -> str:
     return f"--{key}={value if isinstance(value, str) else json.dumps(value)}"
 
 
-def arm_flags(spec: Spec, arm: Arm, variant: Variant | None = None) -> list[str]:
-    """The CLI arguments of ``arm`` (and ``variant``), seed and output folder excluded."""
+def arm_overrides(spec: Spec, arm: Arm, variant: Variant | None = None) -> dict[str, Any]:
+    """The dotted overrides of ``arm`` (and ``variant``) in the order they apply: experiment, arm, variant, smoke,
+    smoke arm, ``--set``, ``--set-for`` (``prepare``'s come at build time)."""
     overrides = {**spec.overrides, **arm.overrides, **(variant.overrides if variant else {}), **spec.smoke_overrides,
                  **arm.smoke_overrides, **spec.set_overrides}
     for pattern, scoped in spec.arm_set_overrides:
         if fnmatch.fnmatchcase(arm.name, pattern):
             overrides.update(scoped)
+    return overrides
+
+
+def arm_flags(spec: Spec, arm: Arm, variant: Variant | None = None) -> list[str]:
+    """The CLI arguments of ``arm`` (and ``variant``), seed and output folder excluded."""
     args = []
     for config in arm.configs:
         args += ["--config", str(kit.REPO_ROOT / config)]
-    return args + [flag(k, v) for k, v in overrides.items()]
+    return args + [flag(k, v) for k, v in arm_overrides(spec, arm, variant).items()]
 
 
 # ------------------------------------------------------------------------------------------- one run

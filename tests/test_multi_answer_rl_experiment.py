@@ -23,8 +23,8 @@ def arms(smoke: bool = False) -> dict[str, runner.Arm]:
 
 
 def resolved(arm: runner.Arm, smoke: bool = False) -> dict:
-    spec = runner.load_spec("multi_answer_rl", smoke=smoke)
-    return {**spec.overrides, **arm.overrides, **spec.smoke_overrides, **arm.smoke_overrides}
+    """The arm's effective overrides (experiment, arm, smoke layers) as the runner applies them."""
+    return runner.arm_overrides(runner.load_spec("multi_answer_rl", smoke=smoke), arm)
 
 
 @lru_cache(maxsize=None)

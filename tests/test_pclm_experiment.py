@@ -27,8 +27,7 @@ def dpo_config() -> dict:
 
 def resolved(arm: runner.Arm, smoke: bool = False) -> dict:
     """The arm's effective overrides (experiment, arm, smoke layers) as the runner applies them."""
-    spec = runner.load_spec("pclm", smoke=smoke)
-    return {**spec.overrides, **arm.overrides, **spec.smoke_overrides, **arm.smoke_overrides}
+    return runner.arm_overrides(runner.load_spec("pclm", smoke=smoke), arm)
 
 
 def test_spec_parses_and_its_smoke_overlay_is_small():
