@@ -172,32 +172,3 @@ def test_smoke_experiment_through_the_runner(tmp_path):
     assert {"dars_hw - uniform_matched", "breadth - uniform"} <= set(result["paired"])
     assert set(result["claim"]) >= {"verdict", "matched_n", "hard_share_of_pool", "sft_p_below_half_share_of_pool"}
     assert (tmp_path / "dars.png").stat().st_size > 0 and json.loads((tmp_path / "dars.json").read_text())["claim"]
-
-
-@pytest.mark.slow
-def test_reduced_run_equals_the_former_script(tmp_path):
-    """1 seed, SFT 600 steps, a 64-prompt pool (6 : 1 : 1), 4 epochs of 4 GRPO steps (~40 s): the numbers of
-    ``python -m experiments.dars --seeds 1 --sft-steps 600 --steps 16 --pool 64 --test-pool 64`` (the script this
-    runner replaced, with its own AdamW warm-up loop), to the last bit."""
-    result = runner.run_experiment("dars", seeds=1, out=tmp_path, result_name="reduced", overrides={
-        "trainer.max_steps": 600, "trainer.max_epochs": 4, "data.init_args.train_pool_size": 64,
-        "data.init_args.test_pool_size": 64, "data.init_args.sft_num_examples": 38400})
-    row = result["per_seed"][0]
-    for arm, values in FORMER_SCRIPT.items():
-        assert {k: row[arm][k] for k in values} == values, arm
-    assert result["claim"]["matched_n"] == [62]
-
-
-# seed 0 of the former script at the reduced size above
-FORMER_SCRIPT = {
-    "uniform": {"rollouts_total": 2048.0, "hard_positives_total": 14.0, "pass@1": 0.01513671875,
-                "eff_ratio_response_2nd_half": 0.046875},
-    "dars_et": {"rollouts_total": 7976.0, "hard_positives_total": 78.0, "pass@1": 0.01513671875,
-                "eff_ratio_response_2nd_half": 0.1996831432916224},
-    "dars_hw": {"rollouts_total": 15824.0, "hard_positives_total": 154.0, "pass@1": 0.01513671875,
-                "eff_ratio_response_2nd_half": 0.3615504689514637},
-    "uniform_matched": {"rollouts_total": 15872.0, "hard_positives_total": 151.0, "pass@1": 0.01708984375,
-                        "eff_ratio_response_2nd_half": 0.4140625},
-    "breadth": {"rollouts_total": 2048.0, "hard_positives_total": 14.0, "pass@1": 0.0126953125,
-                "eff_ratio_response_2nd_half": 0.046875},
-}

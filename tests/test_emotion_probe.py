@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from conftest import config_path, run_cli
+from conftest import TWO_PROCESSES, config_path, run_cli
 from datamodules.emotion_corpus import (SHAVER_BASIC, SHAVER_SUBORDINATE, EmotionCollator, EmotionCorpusDataModule,
                                         read_scenarios, shaver_words)
 from lightning_modules.emotion_hierarchy.emotion_probe import (EmotionProbe, EmotionTreeMetric, RecognitionMetric,
@@ -252,7 +252,7 @@ def test_two_process_probe_equals_one_process(tmp_path):
     """The co-occurrence and confusion states are summed over processes: 2-process DDP (uneven shards of 300
     contexts in batches of 64) logs the same tree and accuracies as one process."""
     results = {}
-    for devices, strategy in ((1, "auto"), (2, "ddp_spawn")):
+    for devices, strategy in ((1, "auto"), (2, TWO_PROCESSES)):
         cli = run_cli("test", "--config", config_path("configs/emotion_hierarchy/probe.yaml"), *QUIET,
                       f"--trainer.devices={devices}", f"--trainer.strategy={strategy}",
                       "--data.init_args.num_test=300", "--data.init_args.eval_batch_size=64",

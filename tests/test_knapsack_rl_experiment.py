@@ -227,29 +227,6 @@ def test_smoke_experiment_through_the_runner(tmp_path):
 
 
 @pytest.mark.slow
-def test_reduced_run_equals_the_former_script(tmp_path):
-    """1 seed, SFT 500 steps on a 64-prompt pool, 24 GRPO steps of 16 prompts (~25 s): the numbers that
-    ``python -m experiments.knapsack_rl --seeds 1 --sft-steps 500 --steps 24 --pool 64 --test-pool 64 --batch 16``
-    (the script this runner replaced, with its own AdamW loop) printed, to the last bit."""
-    result = runner.run_experiment("knapsack_rl", seeds=1, out=tmp_path, result_name="reduced", overrides={
-        "trainer.max_steps": 500, "trainer.max_epochs": 6, "data.init_args.train_pool_size": 64,
-        "data.init_args.test_pool_size": 64, "data.init_args.batch_size": 16, "data.init_args.sft_num_examples": 32000})
-    row = result["per_seed"][0]
-    for arm, values in FORMER_SCRIPT.items():
-        assert {k: row[arm][k] for k in values} == values, arm
-    assert result["sft_pool_histograms"][0] == {f"tier{t}": [n] + [0] * 9 for t, n in ((2, 22), (3, 21), (4, 21))}
-
-
-# seed 0 of the former script at the reduced size above (its SFT leaves every pool prompt at p = 0: all are hard)
-FORMER_SCRIPT = {
-    "uniform": {"eff_ratio_response_2nd_half": 0.03125, "train_reward_2nd_half": 0.00390625, "pass@1": 0.0087890625,
-                "hard_positives_total": 17.0, "pass@1_tier2": 0.022727273404598236},
-    "knapsack": {"eff_ratio_response_2nd_half": 0.3600260416666667, "train_reward_2nd_half": 0.012369791666666666,
-                 "pass@1": 0.0087890625, "hard_positives_total": 30.0, "pass@1_tier2": 0.022727273404598236},
-}
-
-
-@pytest.mark.slow
 def test_module_entry_point_runs_the_runner():
     done = subprocess.run([sys.executable, "-m", "experiments.knapsack_rl", "--help"], capture_output=True, text=True,
                           cwd=kit.REPO_ROOT, timeout=120)

@@ -520,13 +520,13 @@ QUICK_ARGS = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "
 
 @pytest.mark.slow
 def test_two_process_ddp_gives_the_same_ranking_metrics_as_one_process(tmp_path):
-    from conftest import config_path, run_cli
+    from conftest import TWO_PROCESSES, config_path, run_cli
 
     quick = config_path("configs/nt_ssm/quick.yaml")
     fit = run_cli("fit", "--config", quick, "--trainer.max_epochs=2", *QUICK_ARGS)
     ckpt = f"{fit.trainer.checkpoint_callback.dirpath}/last.ckpt"  # the end of the run (best.ckpt: the best)
     results = {}
-    for devices, strategy in ((1, "auto"), (2, "ddp_spawn")):
+    for devices, strategy in ((1, "auto"), (2, TWO_PROCESSES)):
         cli = run_cli("validate", "--config", quick, f"--ckpt_path={ckpt}", f"--trainer.devices={devices}",
                       f"--trainer.strategy={strategy}", *QUICK_ARGS)
         results[devices] = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}

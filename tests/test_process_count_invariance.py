@@ -5,8 +5,8 @@ diffusion, spectral guidance and its denoiser, TIVDiff, GRPO's pass@k, multi-ans
 accuracy) draws each example's noise from generators seeded by (seed, the example's global index)
 (`lightning_modules.shared.example_rng`, or keyed rollouts for the RLVR modules) and pools examples exactly across
 ranks. The fast tests show, per module, that an example's draws do not depend on the batch it is in; the slow ones
-run ``validate`` / ``test`` of a quick config on one and on two CPU processes (gloo, ``ddp_spawn``) from the same
-checkpoint and require every metric to agree.
+run ``validate`` / ``test`` of a quick config on one and on two CPU processes (gloo, `conftest.TWO_PROCESSES`)
+from the same checkpoint and require every metric to agree.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch.multiprocessing.spawn import ProcessExitedException
 
-from conftest import config_path, run_cli
+from conftest import TWO_PROCESSES, config_path, run_cli
 from datamodules.verifiable_tasks import CharTokenizer, collate_prompts
 from lightning_modules.shared.example_rng import (ExactMeans, ExampleGenerators, draw_integers, draw_normal,
                                                   example_seed, gather_examples, gather_objects)
@@ -250,7 +250,7 @@ def test_two_processes_evaluate_exactly_as_one(family, tmp_path, prerequisite_ar
     fit.trainer.save_checkpoint(ckpt)
     for stage in stages:
         results = {}
-        for devices, strategy in ((1, "auto"), (2, "ddp_spawn")):
+        for devices, strategy in ((1, "auto"), (2, TWO_PROCESSES)):
             args = [stage, *common, f"--ckpt_path={ckpt}", f"--trainer.devices={devices}",
                     f"--trainer.strategy={strategy}", "--trainer.limit_val_batches=1.0",
                     "--trainer.limit_test_batches=1.0", *QUIET]

@@ -5,8 +5,8 @@ index) and computes Recall/NDCG once from every rank's per-user ranks; LDARNet m
 seeded by (``val_mask_seed``, the sequence's index) and reports epoch totals of per-sequence sums. Both drop the
 sampler's padding copies (`lightning_modules.shared.example_rng.gather_examples`). The fast tests show that an
 example's draws and its contribution do not depend on the batch it is in; the slow ones run ``validate`` and
-``test`` of the quick configs on one and on two CPU processes (gloo, ``ddp_spawn``) from the same checkpoint and
-require every metric to agree.
+``test`` of the quick configs on one and on two CPU processes (gloo, `conftest.TWO_PROCESSES`)
+from the same checkpoint and require every metric to agree.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from lightning.pytorch import Trainer
 from torch import Tensor
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
-from conftest import config_path
+from conftest import TWO_PROCESSES, config_path
 from datamodules.genomics import PadCollate, SequenceDataset
 from lightning_modules.ldarnet.ldarnet import LDARNetPretraining, mlm_mask
 from lightning_modules.rsir.sequential_rec import SequentialRecommender, sample_eval_negatives
@@ -181,7 +181,7 @@ def test_two_processes_evaluate_exactly_as_one(family, tmp_path):
     fit.trainer.save_checkpoint(ckpt)
     for stage, split in (("validate", "val"), ("test", "test")):
         results = {}
-        for devices, strategy in ((1, "auto"), (2, "ddp_spawn")):
+        for devices, strategy in ((1, "auto"), (2, TWO_PROCESSES)):
             args = [stage, *common, f"--ckpt_path={ckpt}", f"--trainer.devices={devices}",
                     f"--trainer.strategy={strategy}", "--trainer.limit_val_batches=1.0",
                     "--trainer.limit_test_batches=1.0", *CLI_QUIET]
