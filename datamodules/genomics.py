@@ -5,6 +5,9 @@ Token ids (byte-level vocabulary of the official code): A=0, C=1, G=2, T=3, N=4 
 ``{"tokens": long (B, L), "mask": bool (B, L), "label": long (B,), "index": long (B,)}`` (no label for
 pretraining; ``index`` = each sequence's position in its split, which seeds its evaluation masks).
 
+One file (past 600 lines): the four sources below tokenise, window and split the same way and feed the same
+batch layout; split apart, each would repeat that contract.
+
 Sources (nothing is downloaded; real data comes from a local ``data_dir``):
 
 * ``synthetic`` (embedded default): uniform random DNA with planted motifs TATAAA, CCAAT, GGGCGG
