@@ -82,9 +82,11 @@ CASES = {
         hg38, release_format=PRETRAIN_FORMAT,
         args=("--data.init_args.batch_size=1", "--data.init_args.eval_batch_size=1",
               "--trainer.accumulate_grad_batches=1"),
-        note="batch 1 window of 4,096 bp per optimizer step (published: 32 x 16 accumulation x 3 GPUs = 1,536)"),
+        note="batch 1 window of 4,096 bp per optimizer step (published: 32 x 16 accumulation x 3 GPUs = 1,536)",
+        test_args=("--data.init_args.seq_len=1024",)),
     "configs/ldarnet/paper.yaml": Case(
         nt_downstream, release_format=NT_FORMAT, after=("configs/ldarnet/pretrain_paper.yaml",),
         args=("--data.init_args.batch_size=4", "--data.init_args.eval_batch_size=4"),
-        note="batch 4 (published: effective batch 64)"),
+        note="batch 4 (published: effective batch 64)",
+        test_args=("--data.init_args.batch_size=2", "--data.init_args.eval_batch_size=2")),
 }
