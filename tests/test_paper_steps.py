@@ -101,6 +101,7 @@ def test_prerequisites_come_first():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("published_width")
 @pytest.mark.parametrize("paper", sorted(PAPERS))
 def test_paper_configs_step_resume_and_predict_on_release_files(paper, tmp_path):
     """One process per config, prerequisites first in the same folder: a 7-8B-wide model's memory goes back to the
