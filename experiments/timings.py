@@ -11,8 +11,8 @@
   local folder and are sized for GPUs.
 * Experiment scripts (``python -m experiments.<name>``): the ``wall_s`` their own run wrote into
   ``results/<name>.json`` (re-running hours of experiments here would measure the same thing again).
-* The test suites (``--parts suite`` / ``slow``): the README's test line ``python -m pytest -q`` and the slow suite's
-  line of ``.ci/run``, from the repository root, each with its summary line.
+* The test suites (``--parts suite`` / ``slow``): the README's test line ``python -m pytest -q -n 2`` and the slow
+  suite's line of ``.ci/run``, from the repository root, each with its summary line.
 
 Writes ``<out>/timings.json`` (the kit's schema: one arm per command, metric ``wall_s``) and ``<out>/timings.md``,
 the table the README links. A part that is not measured keeps the entries of the earlier ``timings.json`` in
@@ -35,7 +35,7 @@ from pathlib import Path
 from experiments import kit
 
 DOC_FILES = ("README.md", "docs/*.md")
-TEST_LINE = "python -m pytest -q"
+TEST_LINE = "python -m pytest -q -n 2"  # the README's test line
 SLOW_LINE = "python -m pytest -q -m slow -n 2 --dist loadgroup"  # .ci/run's second line
 SUITES = {"suite": TEST_LINE, "slow": SLOW_LINE}
 PARTS = ("commands", "suite", "slow", "experiments")  # experiments: only the walls the scripts wrote (nothing is run)

@@ -45,7 +45,7 @@ DOC_FILES = doc_files()
 NOT_RUN = {
     "python -m pip install -e .": "installs the package (the test environment is that install)",
     "python -m pip install -e .[dev]": "installs the package with its test dependencies",
-    "python -m pytest -q": "the test suite itself",
+    "python -m pytest -q -n 2": "the test suite itself",
     "python -m pytest -q -m slow": "the slow test suite itself",
     "wandb agent <entity>/<project>/<sweep_id>": "a placeholder for the id `wandb sweep` prints; needs a W&B server",
     "pip install d3rlpy==2.8.1": "installs the optional offline_rl extra (tests/test_phyb_d3rlpy.py skips without it)",
