@@ -64,10 +64,10 @@ HARNESS_WARM_UP_STEPS = {"configs/dars/quick.yaml": 200, "configs/dars/breadth_q
                          "configs/grpo/quick.yaml": 200, "configs/multi_answer_rl/quick.yaml": 200}
 
 
-# `.ci/run` runs the slow suite on two pytest-xdist workers (`-n 2 --dist loadgroup`): tests in one `xdist_group`
-# run one after another on one worker. The release-format steps at published width (tests/test_paper_steps.py) are
-# one group, so no two multi-GiB models are in memory at once, and it is the longest: it goes first, while the other
-# worker takes the rest one test at a time.
+# `.ci/run` runs both suites on two pytest-xdist workers, the slow one with `-n 2 --dist loadgroup`: tests in one
+# `xdist_group` run one after another on one worker. The release-format steps at published width
+# (tests/test_paper_steps.py) are one group, so no two multi-GiB models are in memory at once, and it is the longest:
+# it goes first, while the other worker takes the rest one test at a time.
 def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)  # stable: otherwise in file order
 
