@@ -162,8 +162,8 @@ def measure_commands(smoke: bool, timeout: float, pages: list[str] | None = None
 def measure_suite(line: str, timeout: float) -> dict[str, dict]:
     """A test suite's command line, from the repository root; its last summary line (``N passed, ...``) is kept."""
     entry = run_timed(shlex.split(line), kit.REPO_ROOT, timeout)
-    lines = [line for line in entry.pop("tail").splitlines() if re.search(r"\d+ (passed|failed)", line)]
-    return {line: {"doc": "README.md", **entry, "summary": lines[-1].strip("= ") if lines else ""}}
+    summaries = [text for text in entry.pop("tail").splitlines() if re.search(r"\d+ (passed|failed)", text)]
+    return {line: {"doc": "README.md", **entry, "summary": summaries[-1].strip("= ") if summaries else ""}}
 
 
 def experiment_timings(results: Path) -> dict[str, dict]:
